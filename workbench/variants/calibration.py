@@ -1,0 +1,80 @@
+"""Calibration helpers around ONNX Runtime's quantizer: the data reader, histogram ranges over finite
+tensors only, and explicit range overrides."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def data_reader(feeds: list[dict[str, np.ndarray]]) -> Any:
+    """A CalibrationDataReader yielding ``feeds`` once."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class _FeedReader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+        def __len__(self) -> int:
+            return len(feeds)
+
+    return _FeedReader()
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """ORT's quantization tools print progress; route it to the debug log instead."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        yield
+    if buffer.getvalue().strip():
+        log.debug("onnxruntime.quantization: %s", buffer.getvalue().strip())
+
+
+def histogram_ranges(values: dict[str, list[np.ndarray]], method: str, percentile: float) -> Any:
+    """TensorsData from ORT's own HistogramCollector (as its Percentile/Entropy calibrators configure it) over
+    the given arrays: used when some tensors are non-finite, which ORT's calibrators cannot histogram."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import HistogramCollector, TensorsData
+
+    usable = {k: v for k, v in values.items() if v and v[0].dtype in (np.float32, np.float16)}
+    if method == "percentile":
+        collector = HistogramCollector("percentile", True, 2048, 128, percentile, "same")
+        calib = CalibrationMethod.Percentile
+    else:
+        collector = HistogramCollector("entropy", False, 128, 128, percentile, "same")
+        calib = CalibrationMethod.Entropy
+    with quiet_stdout():
+        collector.collect(usable)
+        return TensorsData(calib, collector.compute_collection_result())
+
+
+def range_overrides(
+    ranges: dict[str, tuple[float, float]], tensors: set[str], initializers: set[str], unsigned: bool,
+) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """``TensorQuantOverrides`` with symmetric scale/zero-point from each tensor's amax (int8: scale amax/127,
+    zero point 0; uint8: scale 2*amax/255, zero point 128), and notes on the ranges left out."""
+    overrides: dict[str, list[dict[str, Any]]] = {}
+    notes = []
+    for name, (lo, hi) in ranges.items():
+        amax = max(abs(float(lo)), abs(float(hi)))
+        if name not in tensors:
+            notes.append(f"range for {name} ignored: no such tensor in the model")
+        elif name in initializers:
+            notes.append(f"range for {name} ignored: it is a weight (weights are calibrated from their values)")
+        elif not np.isfinite(amax) or amax <= 0:
+            notes.append(f"range for {name} ignored: amax {amax} is not a positive finite number")
+        elif unsigned:
+            overrides[name] = [{"scale": np.array(2 * amax / 255, np.float32), "zero_point": np.array(128, np.uint8)}]
+        else:
+            overrides[name] = [{"scale": np.array(amax / 127, np.float32), "zero_point": np.array(0, np.int8)}]
+    return overrides, notes

@@ -1,0 +1,144 @@
+"""The FP16 variant: ONNX Runtime's float16 converter, falling back to onnxconverter-common's, with clamp records."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+
+import onnx
+
+from ..errors import VariantError
+from ..model.walk import iter_nodes
+from .clamps import find_clamps
+from .graph_names import check_node_names, copy_model, elem_types, map_tensors
+from .ort_session import first_line, ort_session
+from .result import VariantResult
+
+log = logging.getLogger(__name__)
+
+CONVERTERS = {
+    "ort": "onnxruntime.transformers.float16",
+    "onnxconverter_common": "onnxconverter_common.float16",
+}
+#: (min_positive_val, max_finite_val) each converter uses by default.
+DEFAULT_LIMITS = {"ort": (5.96e-08, 65504.0), "onnxconverter_common": (1e-07, 1e4)}
+_ALIASES = {"onnxruntime": "ort", "occ": "onnxconverter_common", "onnxconverter-common": "onnxconverter_common"}
+
+
+def to_fp16(
+    model: onnx.ModelProto,
+    keep_fp32: Sequence[str] = (),
+    converter: str = "auto",
+    *,
+    min_positive_val: float | None = None,
+    max_finite_val: float | None = None,
+) -> VariantResult:
+    """FP16 copy of ``model`` (graph inputs/outputs stay float32); nodes named in ``keep_fp32`` stay float32.
+
+    ``converter``: "auto" (ORT's, then onnxconverter-common's when ORT's raises or yields a model ORT
+    rejects), "ort" or "onnxconverter_common". The limits default to the converter's own.
+    """
+    key = _ALIASES.get(converter, converter)
+    if key != "auto" and key not in CONVERTERS:
+        raise VariantError(f"unknown FP16 converter '{converter}'", "use auto, ort or onnxconverter_common")
+    original = copy_model(getattr(model, "proto", model))
+    keep = check_node_names(original, keep_fp32, "keep_fp32")
+    order = list(CONVERTERS) if key == "auto" else [key]
+    skipped: dict[str, str] = {}
+    for name in order:
+        limits = (
+            DEFAULT_LIMITS[name][0] if min_positive_val is None else min_positive_val,
+            DEFAULT_LIMITS[name][1] if max_finite_val is None else max_finite_val,
+        )
+        try:
+            converted = _convert(name, copy_model(original), keep, limits)
+        except Exception as e:  # noqa: BLE001 - converters raise anything from AssertionError to C++ errors
+            skipped[name] = f"it raised {first_line(e)[:300]}"
+            log.info("FP16 converter %s failed: %s", name, skipped[name])
+            continue
+        try:
+            ort_session(converted)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
+            skipped[name] = f"ONNX Runtime rejected its model: {first_line(e)[:300]}"
+            log.info("FP16 converter %s: %s", name, skipped[name])
+            continue
+        return _result(original, converted, name, limits, keep, skipped, forced=key != "auto")
+    reasons = "; ".join(f"{CONVERTERS[n]}: {why}" for n, why in skipped.items())
+    raise VariantError(
+        f"no FP16 converter produced a model ONNX Runtime accepts ({reasons})",
+        "keep the failing nodes in float32 with keep_fp32 / --keep-fp32, or try the other converter",
+    )
+
+
+def _convert(name: str, model: onnx.ModelProto, keep: list[str], limits: tuple[float, float]) -> onnx.ModelProto:
+    if name == "ort":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+    else:
+        from onnxconverter_common.float16 import convert_float_to_float16
+    with warnings.catch_warnings(record=True) as caught:  # onnxconverter-common warns once per clamped tensor
+        warnings.simplefilter("always")
+        out = convert_float_to_float16(
+            model, min_positive_val=limits[0], max_finite_val=limits[1], keep_io_types=True,
+            node_block_list=list(keep),
+        )
+    for w in caught:
+        log.debug("%s: %s", CONVERTERS[name], w.message)
+    return out
+
+
+def _result(
+    original: onnx.ModelProto, converted: onnx.ModelProto, name: str, limits: tuple[float, float],
+    keep: list[str], skipped: dict[str, str], forced: bool,
+) -> VariantResult:
+    notes = []
+    if forced:
+        notes.append(f"converter forced to {CONVERTERS[name]}")
+    for other, why in skipped.items():
+        notes.append(f"{CONVERTERS[other]} skipped: {why}")
+    if not forced and not skipped:
+        notes.append(f"{CONVERTERS['onnxconverter_common']} not tried: {CONVERTERS[name]}'s model was accepted")
+    clamped = find_clamps(original, converted, max_finite=limits[1], min_positive=limits[0])
+    for c in clamped:
+        log.info("FP16 %s of %s: %s -> %s (%d of %d values; used by %s)", c.kind, c.name, c.original, c.converted,
+                 c.count, c.size, ", ".join(c.consumers) or "-")
+    tensor_map = map_tensors(original, converted)
+    lost = [k for k, v in tensor_map.items() if v is None]
+    if lost:
+        notes.append(f"{len(lost)} intermediate tensor(s) have no counterpart in the FP16 model: {', '.join(lost[:5])}")
+    kept, problems = _verify_kept(converted, keep)
+    notes += problems
+    before = {n.name for n in iter_nodes(original.graph)}
+    inserted = [n for n in iter_nodes(converted.graph) if n.name not in before]
+    details = {
+        "converter_module": CONVERTERS[name],
+        "min_positive_val": limits[0],
+        "max_finite_val": limits[1],
+        "inserted_nodes": len(inserted),
+        "inserted_casts": sum(n.op_type == "Cast" for n in inserted),
+        "skipped_converters": dict(skipped),
+    }
+    return VariantResult(
+        model=converted, variant="fp16", converter=name, clamped=clamped, tensor_map=tensor_map, kept_fp32=kept,
+        notes=notes, details=details,
+    )
+
+
+def _verify_kept(model: onnx.ModelProto, keep: list[str]) -> tuple[list[str], list[str]]:
+    """Nodes of ``keep`` whose float inputs and outputs are all float32 in ``model``, and notes on the others."""
+    if not keep:
+        return [], []
+    types = elem_types(model)
+    nodes = {n.name: n for n in iter_nodes(model.graph)}
+    kept, problems = [], []
+    for name in keep:
+        node = nodes.get(name)
+        if node is None:
+            problems.append(f"keep_fp32 node {name} is missing from the FP16 model")
+            continue
+        half = [t for t in list(node.input) + list(node.output) if t and types.get(t) == onnx.TensorProto.FLOAT16]
+        if half:
+            problems.append(f"keep_fp32 node {name} still has float16 tensors: {', '.join(half)}")
+        else:
+            kept.append(name)
+    return kept, problems

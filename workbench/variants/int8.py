@@ -1,0 +1,227 @@
+"""The INT8 variant: ONNX Runtime's static QDQ quantizer (TensorRT convention: symmetric int8 activations,
+symmetric per-channel int8 weights), made robust to old opsets, pre-processing failures and -inf masks."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ..errors import VariantError
+from ..inputs import check_feeds
+from .calibration import data_reader, histogram_ranges, quiet_stdout, range_overrides
+from .graph_names import check_node_names, copy_model, map_tensors, opset_version
+from .nonfinite import nodes_touching, scan_tensors
+from .ort_session import first_line, ort_session
+from .result import VariantResult
+
+log = logging.getLogger(__name__)
+
+METHODS = ("minmax", "percentile", "entropy")
+_QDQ_OPSET = 13  # DequantizeLinear gained the per-channel `axis` attribute in opset 13
+
+
+def to_int8(
+    model: onnx.ModelProto,
+    calibration_feeds: list[dict[str, np.ndarray]],
+    per_channel: bool = True,
+    method: str = "minmax",
+    ranges: dict[str, tuple[float, float]] | None = None,
+    exclude_nodes: Sequence[str] = (),
+    op_types: Sequence[str] | None = None,
+    *,
+    activation_type: str = "int8",
+    percentile: float = 99.999,
+) -> VariantResult:
+    """QDQ INT8 copy of ``model`` calibrated on ``calibration_feeds`` with ``method`` (minmax | percentile |
+    entropy). ``ranges`` ({tensor: (lo, hi)}) override calibrated activation ranges. Nodes that read or produce
+    tensors holding NaN/+-inf on the feeds are excluded from quantization, with the reason recorded."""
+    method = method.lower()
+    if method not in METHODS:
+        raise VariantError(f"unknown calibration method '{method}'", f"use one of {', '.join(METHODS)}")
+    if activation_type not in ("int8", "uint8"):
+        raise VariantError(f"unknown activation type '{activation_type}'", "use int8 (TensorRT) or uint8")
+    original = copy_model(getattr(model, "proto", model))
+    feeds = check_feeds(original, calibration_feeds)
+    if not feeds:
+        raise VariantError("INT8 calibration needs at least one feed", "pass --inputs/--data or a calibration set")
+    excluded = [{"node": n, "reason": "excluded on request"}
+                for n in check_node_names(original, exclude_nodes, "exclude_nodes")]
+    notes: list[str] = []
+    details: dict[str, Any] = {"calibration_method": method, "calibration_feeds": len(feeds),
+                               "per_channel": per_channel, "activation_type": activation_type, "weight_type": "int8",
+                               "symmetric": True, "quant_format": "QDQ", "opset_upgrade": None}
+    work = _upgrade_opset(original, details, notes)
+
+    scan = scan_tensors(work, feeds)
+    if scan.nonfinite and method != "minmax":  # ORT's histogram calibrators fail on inf: collect finite ones here
+        scan = scan_tensors(work, feeds, keep_values=True)
+    for entry in nodes_touching(work, scan.nonfinite):
+        if entry["node"] not in {e["node"] for e in excluded}:
+            excluded.append(entry)
+    if scan.nonfinite:
+        details["nonfinite_tensors"] = dict(scan.nonfinite)
+        notes.append(f"{len(scan.nonfinite)} tensor(s) hold NaN/inf on the calibration feeds "
+                     f"({', '.join(list(scan.nonfinite)[:4])}); the nodes around them stay float")
+
+    quantized = _quantize(work, feeds, scan, method, percentile, per_channel, activation_type, ranges,
+                          [e["node"] for e in excluded], op_types, details, notes)
+    _validate(quantized, feeds[0])
+    counts = {op: sum(n.op_type == op for n in quantized.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}
+    details.update({"quantize_nodes": counts["QuantizeLinear"], "dequantize_nodes": counts["DequantizeLinear"],
+                    "qdq_outputs": qdq_outputs(quantized, work)})
+    if not counts["QuantizeLinear"] and not counts["DequantizeLinear"]:
+        notes.append("the quantizer inserted no QuantizeLinear/DequantizeLinear nodes: nothing was quantized")
+    tensor_map = map_tensors(original, quantized)
+    if tensor_map:
+        notes.append(f"{len(tensor_map)} original tensor name(s) differ in the INT8 model (see tensor_map)")
+    return VariantResult(model=quantized, variant="int8", converter="onnxruntime.quantization.quantize_static",
+                         tensor_map=tensor_map, excluded_nodes=excluded, notes=notes, details=details)
+
+
+def _upgrade_opset(model: onnx.ModelProto, details: dict, notes: list[str]) -> onnx.ModelProto:
+    version = opset_version(model)
+    if version is None or version >= _QDQ_OPSET:
+        return model
+    from onnx import version_converter
+
+    try:
+        upgraded = version_converter.convert_version(model, _QDQ_OPSET)
+    except Exception as e:  # noqa: BLE001 - the version converter raises assorted C++ errors
+        raise VariantError(
+            f"cannot upgrade the model from opset {version} to {_QDQ_OPSET} for QDQ: {first_line(e)[:300]}",
+            f"re-export the model with opset >= {_QDQ_OPSET}",
+        ) from None
+    details["opset_upgrade"] = [version, _QDQ_OPSET]
+    notes.append(f"opset upgraded {version} -> {_QDQ_OPSET} (per-channel DequantizeLinear needs `axis`)")
+    return upgraded
+
+
+def _quantize(
+    model: onnx.ModelProto, feeds: list[dict], scan: Any, method: str, percentile: float, per_channel: bool,
+    activation_type: str, ranges: dict | None, exclude: list[str], op_types: Sequence[str] | None, details: dict,
+    notes: list[str],
+) -> onnx.ModelProto:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    extra: dict[str, Any] = {"ActivationSymmetric": True, "WeightSymmetric": True}
+    if method == "percentile":
+        extra["CalibPercentile"] = percentile
+    if ranges:
+        _add_overrides(model, ranges, activation_type == "uint8", extra, details, notes)
+    kwargs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="workbench-int8-") as tmp:
+        source = Path(tmp) / "model.onnx"
+        onnx.save_model(copy_model(model), source, save_as_external_data=model.ByteSize() > 2**30,
+                        location="model.data")
+        prepared = _preprocess(source, Path(tmp), details, notes)
+        if method != "minmax" and scan.nonfinite:
+            if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
+                raise VariantError(f"{method} calibration cannot histogram the non-finite tensors "
+                                   f"{', '.join(scan.nonfinite)} with this onnxruntime", "use method='minmax'")
+            from onnxruntime.quantization.calibrate import save_tensors_data
+
+            kwargs["calibration_cache_path"] = Path(tmp) / "ranges.json"
+            save_tensors_data(histogram_ranges(scan.values, method, percentile), kwargs["calibration_cache_path"])
+            details["calibrator"] = f"ORT HistogramCollector ({method}) over finite tensors only"
+            notes.append(f"{method} ranges computed with ORT's HistogramCollector over finite tensors only "
+                         "(ORT's calibrator cannot histogram NaN/inf)")
+        else:
+            details["calibrator"] = f"ORT {method} calibrator"
+        output = Path(tmp) / "model.int8.onnx"
+        act = QuantType.QUInt8 if activation_type == "uint8" else QuantType.QInt8
+        calib = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+                 "entropy": CalibrationMethod.Entropy}[method]
+        try:
+            with quiet_stdout():
+                quantize_static(
+                    str(prepared), str(output), data_reader(feeds), quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=list(op_types) if op_types else None, per_channel=per_channel,
+                    reduce_range=False, activation_type=act, weight_type=QuantType.QInt8,
+                    nodes_to_exclude=exclude, calibrate_method=calib, extra_options=extra, **kwargs,
+                )
+        except Exception as e:  # noqa: BLE001 - the quantizer raises assorted errors; report one line
+            raise VariantError(f"ONNX Runtime's quantize_static failed: {first_line(e)[:300]}",
+                               "exclude the failing nodes (exclude_nodes / --exclude-nodes) or try method='minmax'"
+                               ) from None
+        return onnx.load(str(output))
+
+
+def _preprocess(source: Path, tmp: Path, details: dict, notes: list[str]) -> Path:
+    """quant_pre_process without graph optimisation (it would fuse nodes and lose tensor names); on failure
+    again without symbolic shape inference, then none."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    attempts = [("symbolic + ONNX shape inference", False), ("ONNX shape inference (symbolic skipped)", True)]
+    for i, (label, skip_symbolic) in enumerate(attempts):
+        target = tmp / f"model.pre{i}.onnx"
+        try:
+            # inside tmp: a failing symbolic inference saves sym_shape_infer_temp.onnx to the working directory
+            with quiet_stdout(), _working_directory(tmp):
+                quant_pre_process(str(source), str(target), skip_optimization=True,
+                                  skip_symbolic_shape=skip_symbolic)
+        except Exception as e:  # noqa: BLE001 - shape inference raises assorted errors on real models
+            notes.append(f"quant_pre_process ({label}) failed: {first_line(e)[:200]}")
+            continue
+        details["preprocessing"] = f"quant_pre_process: {label}, no graph optimisation"
+        return target
+    details["preprocessing"] = "none"
+    return source
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path):
+    """chdir for the duration (process-wide; contextlib.chdir needs Python 3.11)."""
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _add_overrides(model: onnx.ModelProto, ranges: dict, unsigned: bool, extra: dict, details: dict,
+                   notes: list[str]) -> None:
+    if importlib.util.find_spec("onnxruntime.quantization.tensor_quant_overrides") is None:
+        notes.append("this onnxruntime has no TensorQuantOverrides: the given ranges were not applied")
+        return
+    tensors = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output if o}
+    initializers = {t.name for t in model.graph.initializer}
+    overrides, skipped = range_overrides(ranges, tensors | initializers, initializers, unsigned)
+    notes += skipped
+    if overrides:
+        extra["TensorQuantOverrides"] = overrides
+        details["range_overrides"] = len(overrides)
+
+
+def qdq_outputs(model: onnx.ModelProto, original: onnx.ModelProto) -> dict[str, str]:
+    """Original activation tensor -> the output of its QuantizeLinear -> DequantizeLinear pair in ``model``
+    (what consumers read: its int8 view)."""
+    names = {i.name for i in original.graph.input} | {o for n in original.graph.node for o in n.output}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    initializers = {t.name for t in model.graph.initializer}
+    pairs = {}
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear" or not node.input or not node.output:
+            continue
+        q = producer.get(node.input[0])
+        if q is not None and q.op_type == "QuantizeLinear" and q.input and q.input[0] in names - initializers:
+            pairs.setdefault(q.input[0], node.output[0])
+    return pairs
+
+
+def _validate(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> None:
+    try:
+        ort_session(model, optimize=True).run(None, feed)
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
+        raise VariantError(f"ONNX Runtime (CPU) cannot run the INT8 model: {first_line(e)[:300]}",
+                           "exclude the failing nodes from quantization (exclude_nodes / --exclude-nodes)") from None

@@ -1,0 +1,94 @@
+"""Finding tensors that hold NaN or +-inf on calibration feeds (additive -inf masks), by running every
+intermediate on ONNX Runtime; such tensors break calibration ranges."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ..engines.outputs import mark_outputs
+from ..errors import VariantError
+from .graph_names import elem_types
+from .ort_session import first_line, ort_session
+
+log = logging.getLogger(__name__)
+
+_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
+
+
+@dataclass
+class TensorScan:
+    """``nonfinite``: tensor -> what it held ("-inf", "nan, +inf"). ``values``: per tensor, its arrays over the
+    feeds (only when asked for, and only for tensors that stayed finite)."""
+
+    nonfinite: dict[str, str] = field(default_factory=dict)
+    values: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+
+def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], keep_values: bool = False) -> TensorScan:
+    """Run ``model`` over ``feeds`` with every main-graph float tensor marked as an output."""
+    types = elem_types(model)
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    produced = [o for n in model.graph.node for o in n.output if o and types.get(o, onnx.TensorProto.FLOAT) in _FLOATS]
+    names = list(dict.fromkeys(o for o in produced if o not in inputs))
+    try:
+        session = ort_session(mark_outputs(model, names))
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
+        raise VariantError(
+            f"ONNX Runtime cannot run the model to check tensor ranges before quantizing: {first_line(e)[:300]}",
+            "check that the FP32 model runs on ONNX Runtime (workbench run --engine ort)",
+        ) from None
+    scan = TensorScan()
+    kinds: dict[str, set[str]] = {}
+    for feed in feeds:
+        try:
+            outputs = session.run(names, feed)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
+            raise VariantError(f"ONNX Runtime failed on a calibration feed: {first_line(e)[:300]}",
+                               "check the calibration feeds against the model (workbench check-inputs)") from None
+        arrays = dict(zip(names, outputs))
+        arrays.update({k: v for k, v in feed.items() if k in inputs})
+        for name, arr in arrays.items():
+            if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
+                continue
+            bad = _nonfinite_kinds(arr)
+            if bad:
+                kinds.setdefault(name, set()).update(bad)
+            elif keep_values and name not in kinds:
+                scan.values.setdefault(name, []).append(arr)
+    scan.nonfinite = {name: ", ".join(sorted(k)) for name, k in kinds.items()}
+    for name in scan.nonfinite:
+        scan.values.pop(name, None)
+    if scan.nonfinite:
+        log.info("non-finite tensors on the calibration feeds: %s", scan.nonfinite)
+    return scan
+
+
+def _nonfinite_kinds(arr: np.ndarray) -> set[str]:
+    if np.isfinite(arr).all():
+        return set()
+    found = set()
+    if np.isnan(arr).any():
+        found.add("nan")
+    if np.isposinf(arr).any():
+        found.add("+inf")
+    if np.isneginf(arr).any():
+        found.add("-inf")
+    return found
+
+
+def nodes_touching(model: onnx.ModelProto, tensors: dict[str, str]) -> list[dict[str, str]]:
+    """``[{"node", "reason"}]`` for main-graph nodes that produce or read a tensor of ``tensors``."""
+    reasons: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for name in node.output:
+            if name in tensors:
+                reasons.setdefault(node.name, []).append(f"produces {name} ({tensors[name]} on the calibration feeds)")
+        for name in dict.fromkeys(node.input):
+            if name in tensors:
+                reasons.setdefault(node.name, []).append(f"reads {name} ({tensors[name]} on the calibration feeds)")
+    return [{"node": node, "reason": "; ".join(why)} for node, why in reasons.items()]
