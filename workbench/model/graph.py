@@ -87,24 +87,12 @@ class GraphInfo:
         initializers = {t.name for t in g.initializer} | {s.values.name for s in g.sparse_initializer}
         inputs = [i.name for i in g.input if i.name not in initializers]
         outputs = [o.name for o in g.output]
-        producer: dict[str, int] = {}
-        for i, node in enumerate(g.node):
-            for out in node.output:
-                if out:
-                    producer[out] = i
-        graph = nx.DiGraph()
-        graph.add_nodes_from(range(len(g.node)))
+        producer = {out: i for i, node in enumerate(g.node) for out in node.output if out}
         consumers: dict[str, list[str]] = {}
-        for i, node in enumerate(g.node):
+        for node in g.node:
             for name in _node_reads(node):
                 consumers.setdefault(name, []).append(node.name)
-                if name in producer and producer[name] != i:
-                    graph.add_edge(producer[name], i)
-        try:
-            order = list(nx.lexicographical_topological_sort(graph))
-            cycles = False
-        except nx.NetworkXUnfeasible:
-            order, cycles = list(range(len(g.node))), True
+        order, cycles = topological_order(g)
         topo = {idx: pos for pos, idx in enumerate(order)}
         nodes = [
             NodeInfo(n.name, n.op_type, n.domain or "ai.onnx", tuple(n.input), tuple(n.output), i, topo[i])
@@ -116,6 +104,42 @@ class GraphInfo:
             consumers=consumers, inputs=inputs, outputs=outputs, param_count=count, param_bytes=nbytes,
             subgraphs=_subgraphs(g), cycles=cycles,
         )
+
+
+def topological_order(g: onnx.GraphProto) -> tuple[list[int], bool]:
+    """Node indices in a topological order that keeps file order where it can (outer-scope reads of
+    subgraphs count as inputs); ``(file order, True)`` when the graph has a cycle."""
+    producer = {out: i for i, node in enumerate(g.node) for out in node.output if out}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(g.node)))
+    for i, node in enumerate(g.node):
+        for name in _node_reads(node):
+            if name in producer and producer[name] != i:
+                graph.add_edge(producer[name], i)
+    try:
+        return list(nx.lexicographical_topological_sort(graph)), False
+    except nx.NetworkXUnfeasible:
+        return list(range(len(g.node))), True
+
+
+def sort_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Reorder ``model``'s main-graph and subgraph nodes topologically, in place; return it."""
+    _sort_graph(model.graph)
+    return model
+
+
+def _sort_graph(g: onnx.GraphProto) -> None:
+    for node in g.node:
+        for _, sub in subgraphs_of(node):
+            _sort_graph(sub)
+    order, cycles = topological_order(g)
+    if not cycles and order != list(range(len(g.node))):
+        nodes = [g.node[i] for i in order]
+        copies = [onnx.NodeProto() for _ in nodes]
+        for c, n in zip(copies, nodes):
+            c.CopyFrom(n)
+        del g.node[:]
+        g.node.extend(copies)
 
 
 def _node_reads(node: onnx.NodeProto) -> set[str]:

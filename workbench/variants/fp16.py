@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import onnx
 
 from ..errors import VariantError
+from ..model.graph import sort_nodes
 from ..model.walk import iter_nodes
 from .clamps import find_clamps
 from .graph_names import check_node_names, copy_model, elem_types, map_tensors
@@ -118,6 +119,7 @@ def _result(
         "inserted_casts": sum(n.op_type == "Cast" for n in inserted),
         "skipped_converters": dict(skipped),
     }
+    sort_nodes(converted)  # the converters append Casts out of order; checkers and evaluators want topological order
     return VariantResult(
         model=converted, variant="fp16", converter=name, clamped=clamped, tensor_map=tensor_map, kept_fp32=kept,
         notes=notes, details=details,

@@ -1,0 +1,57 @@
+"""Test engines that really misbehave, loaded by dotted path ("engine_fixtures:MisbehavingEngine") in a worker.
+
+``how``: "segfault" (ctypes.string_at(0)), "abort" (os.abort), "hang" (sleeps), "memory" (allocates until
+MemoryError), "exit" (os._exit(3)), "raise" (a plain ValueError), "none" (doubles input "x" into "y").
+``when``: "run" or "prepare"; a feed named "how" overrides ``how`` for one run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import numpy as np
+
+from workbench.engines.base import Engine, Session
+
+
+def misbehave(how: str) -> None:
+    if how == "segfault":
+        ctypes.string_at(0)
+    elif how == "abort":
+        os.abort()
+    elif how == "hang":
+        time.sleep(3600)
+    elif how == "memory":
+        blocks = []
+        while True:
+            blocks.append(np.ones(2**25))  # 256 MiB each, touched
+    elif how == "exit":
+        os._exit(3)
+    elif how == "raise":
+        raise ValueError("boom from the test engine")
+
+
+class MisbehavingEngine(Engine):
+    name = "misbehaving"
+
+    def __init__(self, how: str = "none", when: str = "run"):
+        self.how, self.when = how, when
+
+    def prepare(self, model, outputs) -> Session:
+        if self.when == "prepare":
+            misbehave(self.how)
+        return _Session(self.how, list(outputs))
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "how": self.how, "when": self.when, "pid": os.getpid()}
+
+
+class _Session(Session):
+    def __init__(self, how: str, outputs: list[str]):
+        self.how, self.outputs = how, outputs
+
+    def run(self, feeds):
+        misbehave(str(feeds["how"]) if "how" in feeds else self.how)
+        return {"y": np.asarray(feeds["x"]) * 2, "pid": np.array(os.getpid())}

@@ -1,0 +1,242 @@
+"""Layer-wise comparison on real engines: metrics vs independent numpy, planted faults, strategies, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+from conftest import SAMPLES, tiny_model
+
+from workbench.cli import main
+from workbench.compare.api import compare
+from workbench.compare.criterion import Criterion
+from workbench.compare.metrics import ErrorStats, compute_metrics
+from workbench.compare.result import CompareResult
+
+MANIFEST = json.loads((SAMPLES / "manifest.json").read_text())
+FAULTY = [m for m in MANIFEST["models"] if m["fault"] and m["fault"]["kind"]]
+
+
+def numpy_metrics(ref: np.ndarray, cand: np.ndarray) -> dict:
+    """The metric definitions, written plainly with numpy, independent of workbench.compare.metrics."""
+    r, c = ref.astype(np.float64).ravel(), cand.astype(np.float64).ravel()
+    same_nonfinite = (np.isnan(r) & np.isnan(c)) | (~np.isfinite(r) & (r == c))
+    finite = np.isfinite(r) & np.isfinite(c)
+    mismatch = int((~finite & ~same_nonfinite).sum())
+    r, c = r[finite], c[finite]
+    err = np.abs(c - r)
+    return {
+        "max_abs": err.max(), "mean_abs": err.mean(),
+        "max_rel": (err[r != 0] / np.abs(r[r != 0])).max(),
+        "norm_max_abs": err.max() / np.abs(r).max(), "norm_mean_abs": err.mean() / np.abs(r).mean(),
+        "cosine": r @ c / (np.linalg.norm(r) * np.linalg.norm(c)),
+        "sqnr_db": 10 * np.log10((r ** 2).sum() / ((c - r) ** 2).sum()),
+        "nonfinite_mismatch": mismatch,
+    }
+
+
+def test_metrics_match_independent_numpy():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((4, 33)).astype(np.float32)
+    cand = (ref + rng.normal(0, 1e-3, ref.shape)).astype(np.float16)
+    ours, theirs = compute_metrics(ref, cand), numpy_metrics(ref, cand)
+    for k, v in theirs.items():
+        assert ours[k] == pytest.approx(v, rel=1e-9), k
+
+
+def test_nonfinite_aware_metrics():
+    ref = np.array([1.0, -np.inf, 2.0, np.nan, 3.0, 4.0])
+    cand = np.array([1.1, -np.inf, np.inf, np.nan, np.nan, 4.0])
+    m = compute_metrics(ref, cand)
+    expected = numpy_metrics(ref, cand)
+    assert m["nonfinite_mismatch"] == expected["nonfinite_mismatch"] == 2  # inf and NaN where ref is finite
+    assert m["max_abs"] == pytest.approx(0.1)
+    mask = compute_metrics(np.array([0.0, -np.inf]), np.array([0.0, -np.inf]))  # an equal -inf mask is not error
+    assert mask["nonfinite_mismatch"] == 0 and mask["sqnr_db"] == math.inf
+
+
+def test_streaming_equals_one_shot():
+    rng = np.random.default_rng(1)
+    parts = [(rng.standard_normal(50), rng.standard_normal(50)) for _ in range(3)]
+    stats = ErrorStats()
+    for r, c in parts:
+        stats.update(r, c)
+    whole = compute_metrics(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    merged = ErrorStats().update(*parts[0]).merge(ErrorStats().update(*parts[1])).merge(ErrorStats().update(*parts[2]))
+    for k in whole:
+        assert stats.metrics()[k] == pytest.approx(whole[k], rel=1e-12)
+        assert merged.metrics()[k] == pytest.approx(whole[k], rel=1e-12)
+
+
+def test_default_criterion_ignores_fp16_rounding_and_flags_breaks():
+    crit = Criterion.default_for("fp16")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(10_000).astype(np.float32)
+    assert not crit.diverged(compute_metrics(x, x.astype(np.float16)))  # plain FP16 rounding: ~70 dB
+    broken = x.copy()
+    broken[:100] *= 3  # 1% of values wrong
+    assert crit.diverged(compute_metrics(x, broken))
+    overflow = x.copy()
+    overflow[0] = np.inf
+    assert crit.diverged(compute_metrics(x, overflow))
+    assert Criterion.parse("cosine<0.999").diverged({"cosine": 0.99, "nonfinite_mismatch": 0})
+
+
+@pytest.mark.parametrize("sample", FAULTY, ids=lambda m: m["name"])
+def test_top_culprit_is_the_planted_node(sample):
+    """For each planted fault, the pair named in the manifest ranks the planted node first."""
+    fault = sample["fault"]
+    feeds = SAMPLES / sample["sample_inputs"]["file"] if sample.get("sample_inputs") else None
+    count = sample.get("calibration", {}).get("count", 1)
+    result = compare(SAMPLES / sample["file"], fault["pair"]["reference"], fault["pair"]["candidate"], feeds=feeds,
+                     feed_count=count)
+    assert result.culprits, result.notes
+    top = result.culprits[0]
+    assert top.node == fault["node"], [(c.node, c.introduced) for c in result.culprits]
+    assert top.introduces_divergence
+    assert result.tensor(fault["tensor"]).diverged
+    if fault["kind"] == "int8_outlier":
+        # an upstream tensor with milder outliers (max/mean 60, 12% typical error) may be flagged first;
+        # it must rank below the planted one
+        assert result.first_divergent.topo_index <= result.tensor(fault["tensor"]).topo_index
+    else:
+        assert result.first_divergent.tensor == fault["tensor"]
+    assert result.builds == 2
+
+
+def test_healthy_model_has_no_divergence_in_fp16():
+    result = compare(SAMPLES / "healthy_cnn.onnx", "ort", "ort:fp16")
+    assert result.first_divergent is None and not result.diverged
+    assert all(t.metrics["sqnr_db"] > 45 for t in result.tensors)
+    assert not any(c.introduces_divergence for c in result.culprits)
+
+
+def test_clamp_explanation_names_constant_and_values():
+    result = compare(SAMPLES / "fp16_clamp_constant.onnx", "ort", "ort:fp16")
+    text = result.culprits[0].explanation
+    assert "/bn_big_var/running_var" in text and "9.8e+07" in text
+
+
+def test_mask_minus_inf_is_not_divergence():
+    result = compare(SAMPLES / "transformer_block.onnx", "ort", "ort:fp16",
+                     feeds=SAMPLES / "transformer_block_inputs.npz")
+    masked = [t for t in result.tensors if "mask" in t.node.lower() or t.op_type == "Softmax"]
+    assert masked and not any(t.diverged for t in masked)
+    assert result.first_divergent.tensor == "/block/ln2/Pow_output_0"
+
+
+def test_result_json_round_trip(tmp_path):
+    result = compare(SAMPLES / "cnn_fp16_overflow.onnx", "ort", "ort:fp16")
+    path = result.save_json(tmp_path / "r.json")
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "workbench.compare/1"
+    assert set(doc["first_divergent"]) == {"node", "op_type", "tensor", "topo_index"}
+    back = CompareResult.load_json(path)
+    assert back.to_json() == doc
+    assert len(back.tensors_frame()) == len(result.tensors)
+    assert list(back.culprits_frame()["node"])[:1] == ["/stage2/conv/Conv"]
+
+
+@pytest.mark.parametrize("name", ["fp16_clamp_constant", "external_data/mlp_external"])
+def test_bisect_finds_the_same_first_divergent_within_log_builds(name):
+    full = compare(SAMPLES / f"{name}.onnx", "ort", "ort:fp16", mode="all")
+    bis = compare(SAMPLES / f"{name}.onnx", "ort", "ort:fp16", mode="bisect")
+    n = len(full.tensors)
+    assert bis.first_divergent.tensor == full.first_divergent.tensor
+    assert bis.builds <= math.ceil(math.log2(n)) + 2
+    assert bis.culprits[0].node == full.culprits[0].node
+
+
+def test_bisect_stops_after_one_build_when_outputs_agree():
+    result = compare(SAMPLES / "healthy_cnn.onnx", "ort", "ort:fp16", mode="bisect")
+    assert result.builds == 1 and result.first_divergent is None
+
+
+def test_memory_budget_chunks_give_the_same_answer():
+    whole = compare(SAMPLES / "fp16_clamp_constant.onnx", "ort", "ort:fp16")
+    chunked = compare(SAMPLES / "fp16_clamp_constant.onnx", "ort", "ort:fp16", memory_budget="8K")
+    assert chunked.builds > whole.builds
+    assert any("chunks" in n for n in chunked.notes)
+    for a, b in zip(whole.tensors, chunked.tensors):
+        # other marked outputs change which Casts ORT removes in the FP16 graph: ~1e-4 relative wiggle
+        assert a.tensor == b.tensor and a.metrics["sqnr_db"] == pytest.approx(b.metrics["sqnr_db"], rel=1e-3)
+    assert chunked.culprits[0].node == whole.culprits[0].node
+
+
+def test_cand_model_matched_by_name(tmp_path):
+    from workbench.variants import make_variant
+
+    model = onnx.load(SAMPLES / "fp16_clamp_constant.onnx")
+    own = make_variant(model, "fp16").model
+    onnx.save(own, tmp_path / "mine_fp16.onnx")
+    result = compare(SAMPLES / "fp16_clamp_constant.onnx", "ort", "ort", cand_model=tmp_path / "mine_fp16.onnx")
+    assert result.variant["variant"] == "user model"
+    assert result.culprits[0].node == "/bn_big_var/BatchNormalization"
+
+
+def test_ort_vs_reference_float64_agree_on_fp32():
+    result = compare(SAMPLES / "healthy_cnn.onnx", "ref", "ort")
+    assert not result.diverged
+    assert min(t.metrics["sqnr_db"] for t in result.tensors) > 90
+
+
+def test_cli_compare_exit_codes_and_json(tmp_path, capsys):
+    out = tmp_path / "c.json"
+    code = main(["compare", str(SAMPLES / "fp16_clamp_constant.onnx"), "--ref", "ort", "--cand", "ort:fp16",
+                 "--json", str(out)])
+    assert code == 1
+    assert json.loads(out.read_text())["culprits"][0]["node"] == "/bn_big_var/BatchNormalization"
+    assert "first divergent: /bn_big_var/BatchNormalization_output_0" in capsys.readouterr().out
+    assert main(["compare", str(SAMPLES / "healthy_cnn.onnx"), "--cand", "ort:fp16"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(SAMPLES / "healthy_cnn.onnx"), "--cand", "nope:fp16"]) == 2
+    assert "unknown engine" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--inputs", "missing.npz"], "not"),
+    (["--input-shapes", "image:[1,3"], "input-shapes"),
+    (["--cand", "ort:fp64"], "unknown variant"),
+    (["--mode", "sideways"], "invalid choice"),
+    (["--memory-budget", "lots"], "memory size"),
+    (["--criterion", "sqnr_db=3"], "criterion"),
+])
+def test_cli_compare_bad_input_is_one_line(args, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = main(["compare", str(SAMPLES / "healthy_cnn.onnx"), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and needle.lower() in err.lower(), err
+
+
+def test_wrong_feed_names_give_one_clear_error(tmp_path):
+    from workbench.errors import InputError
+
+    np.savez(tmp_path / "bad.npz", wrong=np.zeros((1, 4), np.float32))
+    with pytest.raises(InputError, match="x"):
+        compare(tiny_model(), "ort", "ort:fp16", feeds=tmp_path / "bad.npz")
+
+
+@pytest.mark.parametrize("sample", [m for m in FAULTY if m["fault"]["kind"] == "fp16_overflow"], ids=lambda m: m["name"])
+def test_fp16_arithmetic_emulation_shows_overflow_at_the_outputs(sample):
+    """ref:fp16 computes the FP16 variant in numpy float16: the overflow reaches the outputs, as on a GPU,
+    while ONNX Runtime's CPU provider (FP16 ops run in FP32) keeps the outputs finite."""
+    fault = sample["fault"]
+    feeds = SAMPLES / sample["sample_inputs"]["file"] if sample.get("sample_inputs") else None
+    emulated = compare(SAMPLES / sample["file"], "ref", "ref:fp16", feeds=feeds)
+    assert emulated.culprits[0].node == fault["node"]
+    assert "65504" in emulated.culprits[0].explanation
+    assert any(t.diverged for t in emulated.tensors if t.tensor in emulated.outputs)
+    assert emulated.engines["candidate"]["dtype"].startswith("native")
+    on_cpu = compare(SAMPLES / sample["file"], "ort", "ort:fp16", feeds=feeds)
+    assert not any(t.diverged for t in on_cpu.tensors if t.tensor in on_cpu.outputs)
+    assert any("ref:fp16" in n for n in on_cpu.notes)
+
+
+def test_ref_int8_is_refused_with_a_hint():
+    from workbench.errors import SpecError
+
+    with pytest.raises(SpecError, match="ort:int8"):
+        compare(SAMPLES / "healthy_cnn.onnx", "ref", "ref:int8")

@@ -1,0 +1,442 @@
+"""Engine adapters against independent answers: numpy, float64 evaluation, a second runtime, torch itself.
+
+ORT CPU, OpenVINO, the float64 reference and torch really run here; the GPU engines (ort-cuda, ort-trt, trt) are
+checked for honest unavailability (no silent CPU fallback) and TensorRT's GPU tests skip with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from workbench.engines import available_engines, engine_class, get_engine, should_isolate
+from workbench.errors import EngineRunError, EngineUnavailableError, SpecError
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "sample_models"
+MANIFEST = json.loads((SAMPLES / "manifest.json").read_text())
+SAMPLE_NAMES = [m["name"] for m in MANIFEST["models"]]
+
+
+def _entry(name: str) -> dict:
+    return next(m for m in MANIFEST["models"] if m["name"] == name)
+
+
+def _sample(name: str) -> onnx.ModelProto:
+    from workbench.model.load import load_model
+
+    return load_model(SAMPLES / _entry(name)["file"]).proto
+
+
+def _feeds(name: str) -> dict[str, np.ndarray]:
+    entry = _entry(name)
+    if "sample_inputs" in entry:
+        return dict(np.load(SAMPLES / entry["sample_inputs"]["file"]))
+    rng = np.random.default_rng(0)
+    return {k: np.array(True) if v["dtype"] == "bool" else rng.standard_normal(v["shape"]).astype(np.float32)
+            for k, v in entry["inputs"].items()}
+
+
+def _top_level_tensors(model: onnx.ModelProto) -> list[str]:
+    return [o for node in model.graph.node for o in node.output if o]
+
+
+def _normalised_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want| over finite elements; non-finite elements must sit at the same places."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    np.testing.assert_array_equal(got[~finite], want[~finite])
+    if not finite.any():
+        return 0.0
+    scale = np.abs(want[finite]).max()
+    return float(np.abs(got[finite] - want[finite]).max() / scale) if scale else float(np.abs(got[finite]).max())
+
+
+# ---------------------------------------------------------------------------------------------------- ORT (a)
+
+
+def test_ort_cpu_marks_intermediates_matches_numpy(tiny):
+    x = np.array([[1.0, -2.0, 3.0, -4.0]], np.float32)
+    w = np.arange(16, dtype=np.float32).reshape(4, 4) / 16
+    engine = get_engine("ort")
+    with engine.prepare(tiny, ["h", "y", "x"]) as session:
+        out = session.run({"x": x})
+    assert set(out) == {"h", "y", "x"}
+    np.testing.assert_allclose(out["h"], x @ w, rtol=1e-6)
+    np.testing.assert_allclose(out["y"], np.maximum(x @ w, 0), rtol=1e-6)
+    assert (x @ w < 0).any() and (out["y"] >= 0).all()  # Relu really clipped something
+    assert tiny.graph.output[0].name == "y" and len(tiny.graph.output) == 1  # caller's model untouched
+    info = engine.describe()
+    assert info["engine"] == "ort" and info["providers"] == ["CPUExecutionProvider"] and info["device"] == "cpu"
+    assert info["onnxruntime"] and info["graph_optimization"] == "all"
+
+
+@pytest.mark.parametrize("level", ["all", "basic", "disable"])
+def test_ort_optimization_levels_agree(level):
+    model, feeds = _sample("healthy_cnn"), _feeds("healthy_cnn")
+    names = _top_level_tensors(model)
+    base = get_engine("ort", graph_optimization="disable").prepare(model, names).run(feeds)
+    got = get_engine("ort", graph_optimization=level, threads=1).prepare(model, names).run(feeds)
+    assert max(_normalised_error(got[n], base[n]) for n in names) < 1e-5
+
+
+def test_ort_errors_are_one_line_and_name_the_node():
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="/fc/MatMul")], "dyn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 99
+    with pytest.raises(EngineRunError, match=r"could not create a session: Unsupported model IR version: 99"):
+        get_engine("ort").prepare(model, ["y"])
+    model.ir_version = 8
+    unknown = onnx.ModelProto()
+    unknown.CopyFrom(model)
+    unknown.graph.node.append(helper.make_node("FooBar", ["y"], ["z"], name="/x/FooBar"))
+    with pytest.raises(EngineRunError, match=r"could not create a session at node /x/FooBar: .*No Op registered"):
+        get_engine("ort").prepare(unknown, ["z"])
+    session = get_engine("ort").prepare(model, ["y"])
+    with pytest.raises(EngineRunError) as err:
+        session.run({"x": np.ones((1, 5), np.float32)})
+    assert "/fc/MatMul" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(EngineRunError, match="no_such_tensor"):
+        get_engine("ort").prepare(model, ["no_such_tensor"])
+
+
+def test_ort_large_model_goes_through_a_private_external_data_file(monkeypatch):
+    from workbench.engines import serialize
+
+    w = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    monkeypatch.setattr(serialize, "PROTOBUF_LIMIT", 1024)  # pretend 16 KB is past protobuf's 2 GB limit
+    x = np.random.default_rng(2).standard_normal((1, 64)).astype(np.float32)
+    session = get_engine("ort").prepare(model, ["h", "y"])
+    folder = Path(session._payload.source).parent
+    assert (folder / "weights.bin").stat().st_size == w.nbytes and folder != Path.cwd()
+    out = session.run({"x": x})
+    np.testing.assert_allclose(out["h"], x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["y"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+    session.close()
+    assert not folder.exists()
+    pytest.importorskip("openvino")
+    np.testing.assert_allclose(get_engine("openvino").prepare(model, ["y"]).run({"x": x})["y"], out["y"],
+                               rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ ORT GPU honesty (d)
+
+
+@pytest.mark.parametrize("name, provider", [("ort-cuda", "CUDAExecutionProvider"),
+                                            ("ort-trt", "TensorrtExecutionProvider")])
+def test_ort_gpu_providers_are_unavailable_here_and_refuse_to_run(tiny, name, provider):
+    import onnxruntime as ort
+
+    if provider in ort.get_available_providers():
+        pytest.skip(f"{provider} is available on this machine")
+    engine = get_engine(name)
+    available, reason = engine.availability()
+    assert not available and provider in reason and "onnxruntime-gpu" in reason
+    row = next(r for r in available_engines() if r["name"] == name)
+    assert row["available"] is False and provider in row["reason"]
+    with pytest.raises(EngineUnavailableError, match=provider):
+        engine.prepare(tiny, ["y"])
+    assert should_isolate(name)
+
+
+def test_silent_cpu_fallback_is_detected(monkeypatch, tiny):
+    """Pretend the CUDA provider is available: CPU-only ORT then really falls back to CPU, which must be refused."""
+    import onnxruntime as ort
+
+    from workbench.engines import ort as ort_engine
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA provider really available here")
+    monkeypatch.setattr(ort_engine, "_unavailable", lambda provider: None)
+    with pytest.warns(UserWarning), pytest.raises(EngineUnavailableError) as err:  # ORT's own fallback warning
+        get_engine("ort-cuda").prepare(tiny, ["y"])
+    text = str(err.value)
+    assert "silently fell back from CUDAExecutionProvider to CPUExecutionProvider" in text
+    assert "onnxruntime_providers_cuda" in text and "onnxruntime-gpu" in text and "\n" not in text
+
+
+def test_ort_distribution_clash_is_logged(monkeypatch, caplog):
+    from workbench.engines import ort as ort_engine
+
+    monkeypatch.setattr(ort_engine, "installed_ort_distributions",
+                        lambda: ["onnxruntime==1.31.1", "onnxruntime-gpu==1.31.1"])
+    with caplog.at_level(logging.WARNING, logger="workbench.engines.ort"):
+        assert ort_engine.warn_if_distributions_clash.__wrapped__() is True
+    assert "onnxruntime==1.31.1 and onnxruntime-gpu==1.31.1" in caplog.text and "pip uninstall" in caplog.text
+
+
+# ------------------------------------------------------------------------------------ float64 reference (b)
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_reference_float64_agrees_with_ort(name):
+    model, feeds = _sample(name), _feeds(name)
+    names = _top_level_tensors(model)
+    ref = get_engine("ref").prepare(model, names).run(feeds)
+    ort_out = get_engine("ort").prepare(model, names).run(feeds)
+    assert all(ref[n].dtype == np.float64 for n in names if ort_out[n].dtype == np.float32)
+    errors = {n: _normalised_error(ort_out[n], ref[n]) for n in names}
+    assert max(errors.values()) < 1e-4, errors
+    assert get_engine("ref").describe() == {"engine": "ref", "onnx": onnx.__version__, "dtype": "float64"}
+
+
+def test_reference_widens_every_float():
+    from workbench.engines.reference import to_float64
+
+    then = helper.make_graph([helper.make_node("Cast", ["c"], ["t"], to=TensorProto.FLOAT)], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])])
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value_float=0.1),
+        helper.make_node("Constant", [], ["half"], value=numpy_helper.from_array(np.array([0.5], np.float16))),
+        helper.make_node("Cast", ["half"], ["half32"], to=TensorProto.FLOAT),
+        helper.make_node("ConstantOfShape", ["shape"], ["fill"],
+                         value=numpy_helper.from_array(np.array([0.1], np.float32))),
+        helper.make_node("RandomNormal", [], ["noise"], dtype=TensorProto.FLOAT, shape=[1], scale=0.0),
+        helper.make_node("If", ["flag"], ["branch"], then_branch=then, else_branch=then),
+        helper.make_node("Add", ["branch", "half32"], ["s1"]),
+        helper.make_node("Add", ["s1", "fill"], ["s2"]),
+        helper.make_node("Add", ["s2", "noise"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array([1], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    wide = to_float64(model)
+    text = str(wide)
+    assert "elem_type: 1\n" not in text and "data_type: 1\n" not in text and "data_type: 10\n" not in text
+    out = get_engine("ref").prepare(model, ["y", "c", "half32"]).run({"flag": np.array(True)})
+    assert out["y"].dtype == np.float64 and out["c"].dtype == np.float64
+    # the attributes hold float32 0.1; everything after that is float64 (a float32 sum would round differently)
+    assert out["y"][0] == 2 * float(np.float32(0.1)) + 0.5
+    assert model.graph.node[0].attribute[0].name == "value_float"  # caller's model untouched
+
+
+def test_reference_reports_missing_op_and_subgraph_tensors():
+    graph = helper.make_graph([helper.make_node("FancyOp", ["x"], ["y"], domain="custom.ops", name="/x/Fancy")],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom.ops", 1)])
+    with pytest.raises(EngineRunError, match="FancyOp"):
+        get_engine("ref").prepare(model, ["y"])
+    with pytest.raises(EngineRunError, match="If/Loop/Scan"):
+        get_engine("ref").prepare(_sample("if_subgraph"), ["/branch/then/Exp_output_0"])
+
+
+# --------------------------------------------------------------------------------------------- OpenVINO (c)
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_openvino_agrees_with_ort_on_every_tensor(name):
+    pytest.importorskip("openvino")
+    model, feeds = _sample(name), _feeds(name)
+    names = _top_level_tensors(model)
+    engine = get_engine("openvino")
+    ov_out = engine.prepare(model, names).run(feeds)
+    ort_out = get_engine("ort").prepare(model, names).run(feeds)
+    common = [n for n in names if n in ov_out and n in ort_out]
+    assert len(common) == len(names)
+    errors = {n: _normalised_error(ov_out[n], ort_out[n]) for n in common}
+    assert max(errors.values()) < 1e-4, errors
+    info = engine.describe()
+    assert info["inference_precision_hint"] == "f32" and "float32" in info["inference_precision"]
+
+
+def test_openvino_missing_output_is_a_clear_error():
+    pytest.importorskip("openvino")
+    from workbench.engines.openvino_engine import _map_ports
+
+    class Port:
+        def __init__(self, names):
+            self._names = names
+
+        def get_names(self):
+            return self._names
+
+    class Compiled:
+        outputs = [Port({"a"}), Port(set())]
+
+    with pytest.raises(EngineRunError, match="no output for marked tensor.*'?b"):
+        _map_ports(Compiled(), ["a", "b", "c"])
+    assert list(_map_ports(Compiled(), ["a", "b"])) == ["a", "b"]  # one port per marked tensor: by position
+
+
+# ------------------------------------------------------------------------------------------------- torch (e)
+
+
+def _torch_net():
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            return self.relu(self.bn(self.conv(x)) + x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 4, 3, padding=1)
+            self.layer1 = nn.Sequential(Block(), Block())
+            self.drop = nn.Dropout(0.5)
+            self.fc1 = nn.Linear(4 * 8 * 8, 16)
+            self.act = nn.ReLU()
+            self.fc2 = nn.Linear(16, 10)
+
+        def forward(self, x):
+            h = self.drop(self.layer1(self.stem(x)))
+            return self.fc2(self.act(self.fc1(h.flatten(1))))
+
+    torch.manual_seed(0)
+    net = Net()
+    for block in net.layer1:  # non-trivial BatchNorm statistics, so a pre-BN value cannot pass for the fused one
+        block.bn.running_mean.uniform_(-1, 1)
+        block.bn.running_var.uniform_(0.5, 2.0)
+        block.bn.weight.data.uniform_(0.5, 2.0)
+    return torch, net
+
+
+def test_torch_engine_maps_module_outputs_to_ort_tensors():
+    torch, net = _torch_net()
+    from workbench.model.load import load_model
+
+    x = torch.randn(1, 3, 8, 8)
+    net.eval()
+    model = load_model(net, example_inputs=(x,)).proto
+    net.train()
+    net.layer1[0].eval()  # mixed flags, which the engine must restore
+    flags = {name: m.training for name, m in net.named_modules()}
+    names = _top_level_tensors(model)
+    feeds = {model.graph.input[0].name: x.numpy()}
+
+    engine = get_engine("torch", module=net, example_inputs=(x,))
+    got = engine.prepare(model, names).run(feeds)
+    want = get_engine("ort").prepare(model, names).run(feeds)
+
+    assert {name: m.training for name, m in net.named_modules()} == flags
+    convs_and_linears = [n for n in names if n.endswith(("/Conv_output_0", "/Gemm_output_0"))]
+    assert len(convs_and_linears) == 4 and all(n in got for n in convs_and_linears)
+    assert model.graph.output[0].name in got  # fc2's Gemm is the graph output
+    for name in got:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    info = engine.describe()
+    assert info["mapped_tensors"] == len(got) and info["requested_tensors"] == len(names)
+
+
+def test_torch_scope_prefix_follows_the_legacy_exporter():
+    pytest.importorskip("torch")
+    from workbench.engines.torch_engine import scope_prefix
+
+    assert scope_prefix("fc1") == "/fc1/"
+    assert scope_prefix("layer1.0.conv1") == "/layer1/layer1.0/conv1/"
+    assert scope_prefix("head.1") == "/head/head.1/"
+    assert scope_prefix("a.0.1") == "/a/a.0/a.0.1/"
+
+
+# -------------------------------------------------------------------------------------------- TensorRT (f)
+
+
+def test_tensorrt_unavailable_here_with_reason():
+    from workbench.engines.tensorrt import TensorRTEngine
+
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("tensorrt is installed here")
+    available, reason = TensorRTEngine.availability()
+    assert not available
+    assert reason == ("tensorrt is not installed (needs an NVIDIA GPU and the TensorRT wheels: "
+                      "pip install onnx-drift-workbench[gpu])")
+    with pytest.raises(EngineUnavailableError, match="tensorrt is not installed"):
+        TensorRTEngine().prepare(onnx.ModelProto(), ["y"])
+    assert TensorRTEngine.marks_all_cheaply is False and should_isolate("trt") and should_isolate("trt:fp16")
+
+
+def test_tensorrt_cache_key_and_precision_flags(tiny):
+    from workbench.engines.tensorrt import engine_cache_key, precision_flags
+
+    key = engine_cache_key("abc", ["h", "y"], "10.8.0", {"strongly_typed": True})
+    assert len(key) == 64 and key == engine_cache_key("abc", ["y", "h", "y"], "10.8.0", {"strongly_typed": True})
+    assert len({key, engine_cache_key("abd", ["h", "y"], "10.8.0", {"strongly_typed": True}),
+                engine_cache_key("abc", ["h"], "10.8.0", {"strongly_typed": True}),
+                engine_cache_key("abc", ["h", "y"], "11.0.0", {"strongly_typed": True}),
+                engine_cache_key("abc", ["h", "y"], "10.8.0", {"strongly_typed": False})}) == 5
+    assert precision_flags(tiny) == {}
+    half = onnx.ModelProto()
+    half.CopyFrom(tiny)
+    half.graph.node.insert(0, helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16))
+    assert precision_flags(half) == {"fp16": True, "precision_constraints": "obey"}
+
+
+@pytest.mark.trt
+def test_tensorrt_matches_ort_on_healthy_cnn(tmp_path):
+    pytest.importorskip("tensorrt", reason="TensorRT not installed: needs an NVIDIA GPU (pip install "
+                                           "onnx-drift-workbench[gpu])")
+    model, feeds = _sample("healthy_cnn"), _feeds("healthy_cnn")
+    names = _top_level_tensors(model)
+    engine = get_engine("trt", engine_cache_dir=str(tmp_path))
+    got = engine.prepare(model, names).run(feeds)
+    want = get_engine("ort").prepare(model, names).run(feeds)
+    assert model.graph.output[0].name in got
+    for name in got:
+        assert _normalised_error(got[name], want[name]) < 1e-3, name
+    assert list(tmp_path.glob("*.engine"))
+    assert get_engine("trt", engine_cache_dir=str(tmp_path)).prepare(model, names).run(feeds).keys() == got.keys()
+
+
+# --------------------------------------------------------------------------------------------------- registry
+
+
+def test_registry_and_specs():
+    from workbench.engines.ort import OrtEngine
+
+    assert isinstance(get_engine("ort:fp16"), OrtEngine)
+    assert get_engine("ort-cuda").provider == "cuda" and get_engine("ort-trt").marks_all_cheaply is False
+    assert engine_class("engine_fixtures:MisbehavingEngine")[0].__name__ == "MisbehavingEngine"
+    assert not should_isolate("ort") and not should_isolate("openvino")
+    with pytest.raises(SpecError):
+        get_engine("nope")
+    with pytest.raises(SpecError):
+        get_engine("ort", graph_optimization="max")
+    rows = {r["name"]: r for r in available_engines()}
+    assert set(rows) == {"ort", "ort-cuda", "ort-trt", "openvino", "ref", "torch", "trt"}
+    assert rows["ort"]["available"] and rows["ref"]["available"]
+    assert all(set(r) == {"name", "description", "available", "reason"} for r in rows.values())
+    assert all(r["reason"] for r in rows.values() if not r["available"])
+
+
+def test_importing_engines_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, workbench.engines, workbench.engines.ort, workbench.engines.openvino_engine, "
+            "workbench.engines.reference, workbench.engines.torch_engine, workbench.engines.tensorrt, "
+            "workbench.engines.isolated; "
+            "print([m for m in ('onnxruntime', 'openvino', 'torch', 'tensorrt', 'polygraphy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,224 @@
+"""ONNX Runtime adapter: CPU, CUDA and TensorRT execution providers, with silent-CPU-fallback detection."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..errors import EngineRunError, EngineUnavailableError, SpecError
+from .base import Engine, Feeds, Session
+from .outputs import mark_outputs
+from .serialize import ModelPayload, model_payload
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "trt": "TensorrtExecutionProvider"}
+ENGINE_NAMES = {"cpu": "ort", "cuda": "ort-cuda", "trt": "ort-trt"}
+OPTIMIZATION_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
+                       "disable": "ORT_DISABLE_ALL"}
+_PROVIDER_LIBS = {"cuda": "onnxruntime_providers_cuda", "trt": "onnxruntime_providers_tensorrt"}
+_ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
+                      "onnxruntime-qnn", "onnxruntime-training")
+GPU_HINT = ("pip uninstall onnxruntime && pip install onnxruntime-gpu on a machine with an NVIDIA GPU, "
+            "with the CUDA and cuDNN libraries onnxruntime-gpu was built for (and the TensorRT libraries for ort-trt)")
+
+
+class OrtEngine(Engine):
+    """ONNX Runtime with one execution provider (``cpu``, ``cuda`` or ``trt``; CPU stays last for unsupported
+    nodes). A session whose requested GPU provider was silently dropped is refused, never run on CPU."""
+
+    def __init__(self, provider: str = "cpu", threads: int | None = None, graph_optimization: str = "all",
+                 provider_options: dict | None = None):
+        if provider not in PROVIDERS:
+            raise SpecError(f"unknown onnxruntime provider {provider!r}", f"use one of {', '.join(PROVIDERS)}")
+        if graph_optimization not in OPTIMIZATION_LEVELS:
+            raise SpecError(f"unknown graph_optimization {graph_optimization!r}",
+                            f"use one of {', '.join(OPTIMIZATION_LEVELS)}")
+        self.provider = provider
+        self.threads = threads
+        self.graph_optimization = graph_optimization
+        self.provider_options = dict(provider_options or {})
+        self.name = ENGINE_NAMES[provider]
+        # TensorRT EP fusions change when tensors are marked; the bisecting search handles that.
+        self.marks_all_cheaply = provider != "trt"
+        self.availability = functools.partial(type(self).availability, provider)  # per instance: its provider
+        self._providers_used: list[str] | None = None
+
+    @classmethod
+    def availability(cls, provider: str = "cpu") -> tuple[bool, str]:
+        problem = _unavailable(provider)
+        return (False, f"{problem[0]} -- {problem[1]}") if problem else (True, "")
+
+    def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
+        import onnxruntime as ort
+
+        warn_if_distributions_clash()
+        problem = _unavailable(self.provider)
+        if problem:
+            raise EngineUnavailableError(f"{self.name}: {problem[0]}", problem[1])
+        payload = model_payload(mark_outputs(model, outputs))
+        try:
+            session = ort.InferenceSession(payload.source, self._session_options(), providers=self._providers())
+        except Exception as e:
+            payload.close()
+            raise _error("onnxruntime could not create a session", e,
+                         "check that the marked tensors exist and that this onnxruntime supports the model's "
+                         "IR version, opset and ops") from e
+        self._providers_used = session.get_providers()
+        try:
+            self._check_fallback(self._providers_used)
+        except EngineUnavailableError:
+            payload.close()
+            raise
+        return OrtSession(session, list(dict.fromkeys(outputs)), payload)
+
+    def describe(self) -> dict:
+        import onnxruntime as ort
+
+        return {
+            "engine": self.name,
+            "onnxruntime": ort.__version__,
+            "distributions": installed_ort_distributions(),
+            "providers": self._providers_used or [p if isinstance(p, str) else p[0] for p in self._providers()],
+            "device": "cpu" if self.provider == "cpu" else f"cuda:{self.provider_options.get('device_id', 0)}",
+            "graph_optimization": self.graph_optimization,
+            "threads": self.threads,
+        }
+
+    def _session_options(self):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                                   OPTIMIZATION_LEVELS[self.graph_optimization])
+        if self.threads:
+            options.intra_op_num_threads = int(self.threads)
+        return options
+
+    def _providers(self) -> list:
+        device = {"device_id": self.provider_options.get("device_id", 0)}
+        if self.provider == "cuda":
+            return [("CUDAExecutionProvider", self.provider_options), "CPUExecutionProvider"]
+        if self.provider == "trt":
+            return [("TensorrtExecutionProvider", self.provider_options), ("CUDAExecutionProvider", device),
+                    "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def _check_fallback(self, used: list[str]) -> None:
+        wanted = PROVIDERS[self.provider]
+        if used and used[0] == wanted:
+            return
+        problem = provider_library_problem(self.provider)
+        why = f"its library could not be loaded ({problem})" if problem else "it could not be initialised"
+        raise EngineUnavailableError(
+            f"{self.name}: onnxruntime silently fell back from {wanted} to {', '.join(used)}: {why}",
+            f"refusing to report CPU numbers as GPU ones; {GPU_HINT}",
+        )
+
+
+class OrtSession(Session):
+    def __init__(self, session, outputs: list[str], payload: ModelPayload):
+        self._session = session
+        self._payload = payload  # a >2 GB model's file stays until close(): ORT may map its weights
+        self.outputs = outputs
+        self._names = [o.name for o in session.get_outputs()]
+
+    def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        try:
+            values = self._session.run(self._names, feeds)
+        except Exception as e:
+            raise _error("onnxruntime failed while running the model", e,
+                         "check the feeds' names, shapes and dtypes against the model's inputs") from e
+        return dict(zip(self._names, values))
+
+    def close(self) -> None:
+        self._session = None
+        self._payload.close()
+
+
+def _unavailable(provider: str) -> tuple[str, str] | None:
+    """(problem, hint) when ``provider`` cannot run here, else None."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        return f"onnxruntime cannot be imported ({e})", "pip install onnxruntime"
+    if provider == "cpu":
+        return None
+    available = ort.get_available_providers()
+    if PROVIDERS[provider] not in available:
+        return (f"{PROVIDERS[provider]} is not among onnxruntime {ort.__version__}'s available providers "
+                f"({', '.join(available)})", GPU_HINT)
+    return None
+
+
+def _error(what: str, exc: BaseException, hint: str) -> EngineRunError:
+    """One-line EngineRunError from an ORT exception, naming the node when ORT does."""
+    text = " ".join(str(exc).split())
+    text = _strip_source_location(re.sub(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", text))
+    match = re.search(r"[Nn]ode \(([^)]+)\)|[Nn]ame:\s*'([^']+)'|In Node, \(\"([^\"]+)\"|node ([^\s,]+) failed", text)
+    node = next((g for g in match.groups() if g), None) if match else None
+    where = f" at node {node}" if node else ""
+    return EngineRunError(f"{what}{where}: {text[:400] or type(exc).__name__}", hint)
+
+
+def _strip_source_location(text: str) -> str:
+    """Drop ORT's "/src/file.cc:123 ns::Function(args...) " prefix, keeping the message."""
+    if not re.match(r"^\S+\.(?:cc|cpp|h):\d+ ", text):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == ")" and depth == 0:
+            return text[i + 1:].strip()
+    return text
+
+
+def provider_library_problem(provider: str) -> str | None:
+    """Why onnxruntime's provider library for ``provider`` cannot load (e.g. the missing libcudnn), or None."""
+    import onnxruntime as ort
+
+    capi = Path(ort.__file__).parent / "capi"
+    libs = sorted(capi.glob(f"*{_PROVIDER_LIBS[provider]}*"))
+    if not libs:
+        return f"{_PROVIDER_LIBS[provider]} is not part of this onnxruntime package (the CPU-only wheel?)"
+    try:
+        for shared in capi.glob("*onnxruntime_providers_shared*"):
+            ctypes.CDLL(str(shared), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+        ctypes.CDLL(str(libs[0]))
+    except OSError as e:
+        return " ".join(str(e).split())
+    return None
+
+
+def installed_ort_distributions() -> list[str]:
+    """Installed distributions that provide the ``onnxruntime`` module, with versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in _ORT_DISTRIBUTIONS:
+        try:
+            found.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def warn_if_distributions_clash() -> bool:
+    """Log (once) when several onnxruntime distributions share the module: the last installed one wins."""
+    found = installed_ort_distributions()
+    if len(found) > 1:
+        log.warning("%s are all installed and share the `onnxruntime` module, so whichever was installed last "
+                    "wins (often the CPU-only one): pip uninstall -y %s, then pip install the one you need",
+                    " and ".join(found), " ".join(f.split("==")[0] for f in found))
+        return True
+    return False

@@ -1,0 +1,167 @@
+"""The golden reference: onnx's ReferenceEvaluator on a float64 copy of the model."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+from ..errors import EngineRunError
+from .base import Engine, Feeds, Session
+
+log = logging.getLogger(__name__)
+
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+#: INT attributes that name an output element type (Cast.to, RandomNormal.dtype, EyeLike.dtype, ...).
+#: LayerNormalization.stash_type stays: the evaluator only implements stash_type=1.
+TYPE_ATTRIBUTES = {"to", "dtype"}
+
+
+class ReferenceEngine(Engine):
+    """``onnx.reference.ReferenceEvaluator`` in float64: every float tensor, constant and cast is widened, float
+    feeds are cast to float64 and results come back as float64 (the caller compares).
+
+    ``precision="native"`` runs the model in its own types instead: an FP16 variant then computes with numpy
+    float16 arithmetic (``ref:fp16``), an emulation of FP16 storage and arithmetic that shows overflow which
+    ONNX Runtime's CPU provider hides (it runs most FP16 ops in FP32). Accumulation order differs from GPU kernels.
+    """
+
+    name = "ref"
+
+    def __init__(self, precision: str = "float64"):
+        if precision not in ("float64", "native"):
+            raise ValueError(f"precision must be 'float64' or 'native', not {precision!r}")
+        self.precision = precision
+
+    def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
+        from onnx.reference import ReferenceEvaluator
+
+        wide = to_float64(model) if self.precision == "float64" else model
+        try:
+            evaluator = ReferenceEvaluator(wide)
+        except (NotImplementedError, TypeError, ValueError, KeyError, RuntimeError) as e:
+            raise EngineRunError(f"onnx's ReferenceEvaluator cannot run this model: {_one_line(e)}",
+                                 "compare against ort instead of ref for this model") from e
+        known = {i.name for i in wide.graph.input} | {i.name for i in wide.graph.initializer}
+        known |= {o for n in wide.graph.node for o in n.output if o}
+        unknown = [n for n in outputs if n not in known]
+        if unknown:
+            raise EngineRunError(f"no top-level tensor named {', '.join(unknown[:5])} in the model",
+                                 "tensors inside If/Loop/Scan bodies cannot be marked; mark the node's output")
+        return ReferenceSession(evaluator, list(dict.fromkeys(outputs)), wide, widen=self.precision == "float64")
+
+    def describe(self) -> dict:
+        dtype = "float64" if self.precision == "float64" else "native (model's own types, numpy arithmetic)"
+        return {"engine": self.name, "onnx": onnx.__version__, "dtype": dtype}
+
+
+class ReferenceSession(Session):
+    def __init__(self, evaluator, outputs: list[str], model: onnx.ModelProto, widen: bool = True):
+        self._evaluator = evaluator
+        self.outputs = outputs
+        self._ops = {o: n.op_type for n in model.graph.node for o in n.output}
+        self._widen = widen
+
+    def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        wide = {k: (_widen(np.asarray(v)) if self._widen else np.asarray(v)) for k, v in feeds.items()}
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # FP16 overflow is what we measure
+                results = self._evaluator.run(None, wide, intermediate=True)
+        except (NotImplementedError, TypeError, ValueError, RuntimeError, IndexError, KeyError) as e:
+            raise EngineRunError(f"onnx's ReferenceEvaluator failed{_where(e)}: {_one_line(e)}",
+                                 "compare against ort instead of ref for this model") from e
+        return {name: np.asarray(results[name]) for name in self.outputs}
+
+
+def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose float/float16/bfloat16 tensors, constants, casts and value types are float64,
+    subgraphs and local functions included."""
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    _widen_graph(wide.graph)
+    for function in wide.functions:
+        for node in function.node:
+            _widen_node(node)
+    return wide
+
+
+def _widen_graph(graph: onnx.GraphProto) -> None:
+    for i, tensor in enumerate(graph.initializer):
+        if tensor.data_type in FLOAT_TYPES:
+            graph.initializer[i].CopyFrom(_widen_tensor(tensor))
+    for sparse in graph.sparse_initializer:
+        if sparse.values.data_type in FLOAT_TYPES:
+            sparse.values.CopyFrom(_widen_tensor(sparse.values))
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        _widen_type(value.type)
+    for node in graph.node:
+        _widen_node(node)
+
+
+def _widen_node(node: onnx.NodeProto) -> None:
+    for attr in node.attribute:
+        if attr.type == AttributeProto.TENSOR and attr.t.data_type in FLOAT_TYPES:
+            attr.t.CopyFrom(_widen_tensor(attr.t))
+        elif attr.type == AttributeProto.TENSORS:
+            for t in attr.tensors:
+                if t.data_type in FLOAT_TYPES:
+                    t.CopyFrom(_widen_tensor(t))
+        elif attr.type == AttributeProto.INT and attr.name in TYPE_ATTRIBUTES and attr.i in FLOAT_TYPES:
+            attr.i = TensorProto.DOUBLE
+        elif attr.type == AttributeProto.GRAPH:
+            _widen_graph(attr.g)
+        elif attr.type == AttributeProto.GRAPHS:
+            for g in attr.graphs:
+                _widen_graph(g)
+    if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        _widen_constant_scalars(node)
+
+
+def _widen_constant_scalars(node: onnx.NodeProto) -> None:
+    """Constant(value_float[s]=...) produces float32: rewrite it as a float64 ``value`` tensor."""
+    for i, attr in enumerate(node.attribute):
+        if attr.name in ("value_float", "value_floats"):
+            data = np.array(attr.f if attr.name == "value_float" else list(attr.floats), dtype=np.float64)
+            del node.attribute[i]
+            node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(data, attr.name)))
+            return
+
+
+def _widen_tensor(tensor: TensorProto) -> TensorProto:
+    array = numpy_helper.to_array(tensor).astype(np.float64)
+    return numpy_helper.from_array(array, tensor.name)
+
+
+def _widen_type(tp: onnx.TypeProto) -> None:
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type" and tp.tensor_type.elem_type in FLOAT_TYPES:
+        tp.tensor_type.elem_type = TensorProto.DOUBLE
+    elif kind == "sequence_type":
+        _widen_type(tp.sequence_type.elem_type)
+    elif kind == "optional_type":
+        _widen_type(tp.optional_type.elem_type)
+    elif kind == "map_type":
+        _widen_type(tp.map_type.value_type)
+
+
+def _widen(array: np.ndarray) -> np.ndarray:
+    return array.astype(np.float64) if array.dtype.kind == "f" or array.dtype.name == "bfloat16" else array
+
+
+def _where(exc: BaseException) -> str:
+    """' in Op node NAME' when the traceback shows which node the evaluator was running."""
+    tb = exc.__traceback__
+    node = None
+    while tb is not None:
+        op = tb.tb_frame.f_locals.get("self")
+        if op is not None and hasattr(op, "onnx_node"):
+            node = op.onnx_node
+        tb = tb.tb_next
+    return f" in {node.op_type} node {node.name or node.output[0]}" if node is not None else ""
+
+
+def _one_line(exc: BaseException) -> str:
+    return (" ".join(str(exc).split()) or type(exc).__name__)[:400]
