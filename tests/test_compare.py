@@ -43,8 +43,11 @@ def test_metrics_match_independent_numpy():
     ref = rng.standard_normal((4, 33)).astype(np.float32)
     cand = (ref + rng.normal(0, 1e-3, ref.shape)).astype(np.float16)
     ours, theirs = compute_metrics(ref, cand), numpy_metrics(ref, cand)
+    for k, v in theirs.items():  # float32 arithmetic for float32/float16 inputs: sums of squares to ~1e-5
+        assert ours[k] == pytest.approx(v, rel=1e-5 if k == "sqnr_db" else 1e-6), k
+    exact = compute_metrics(ref.astype(np.float64), cand.astype(np.float64))  # float64 inputs: float64 throughout
     for k, v in theirs.items():
-        assert ours[k] == pytest.approx(v, rel=1e-9), k
+        assert exact[k] == pytest.approx(v, rel=1e-9), k
 
 
 def test_nonfinite_aware_metrics():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -138,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         debug = args.debug
         level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        if not args.verbose:  # onnxruntime.quantization warns per tensor on the root logger: keep it for -v
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(lambda r: not (r.name == "root" and "onnxruntime" in r.pathname))
         if not args.command:
             parser.print_help()
             return EXIT_BAD_INPUT
@@ -148,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("workbench: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head`: stop quietly
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from writing again
+        return EXIT_OK
     except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback unless asked
         if debug:
             raise

@@ -157,9 +157,10 @@ def compare(
     cand_engine = make_engine(cand_spec, isolate=isolate, options=engine_options.get(cand_spec.engine),
                               timeout_s=timeout_s)
     chosen = mode if mode != "auto" else ("all" if getattr(cand_engine, "marks_all_cheaply", True) else "bisect")
+    cand_feeds = _cast_feeds(cand_inferred, feeds_list)
     ctx = Context(
         ref_engine=ref_engine, cand_engine=cand_engine, ref_model=ref_model, cand_model=cand_inferred,
-        feeds=feeds_list, cand_feeds=_cast_feeds(cand_inferred, feeds_list), pairs=pairs, criterion=crit,
+        feeds=feeds_list, cand_feeds=cand_feeds, pairs=pairs, criterion=crit,
         ref_inputs=ref_inputs, known=known, isolate=culprits, budget=parse_size(memory_budget),
         progress=progress, cancel=cancel, notes=notes,
     )

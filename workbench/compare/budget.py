@@ -40,8 +40,8 @@ def default_budget() -> int:
     return int(min(total // 4, 4 << 30))
 
 
-def tensor_bytes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, int | None]:
-    """Bytes of every value in ``model`` for this feed's input shapes, by shape inference (None if unknown)."""
+def infer_for_feed(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A shape-inferred copy of ``model`` with its input shapes fixed to this feed's (estimates: best effort)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     for vi in m.graph.input:
@@ -51,9 +51,14 @@ def tensor_bytes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[st
             for d in np.shape(feed[vi.name]):
                 shape.dim.add().dim_value = int(d)
     try:
-        m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - estimates only; unknown sizes fall back to the largest known
-        pass
+        return onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - estimates only; unknown shapes fall back to what callers assume
+        return m
+
+
+def tensor_bytes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, int | None]:
+    """Bytes of every value in ``model`` for this feed's input shapes, by shape inference (None if unknown)."""
+    m = infer_for_feed(model, feed)
     sizes: dict[str, int | None] = {}
     for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
         tt = vi.type.tensor_type

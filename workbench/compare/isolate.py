@@ -77,6 +77,7 @@ def build_isolation(
     used_inits: set[str] = set()
     skipped: dict[str, str] = {}
     out_types: dict[str, onnx.TypeProto] = {}
+    order = {id(n): i for i, n in enumerate(g.node)}
     for k, target in enumerate(targets):
         if target not in producer:
             skipped[target] = "not produced by a node in the candidate graph"
@@ -108,7 +109,6 @@ def build_isolation(
             skipped[target] = f"its candidate computation does not reach matched tensors within {max_segment} nodes"
             continue
         prefix = PREFIX.format(k)
-        order = {id(n): i for i, n in enumerate(g.node)}
         segment.sort(key=lambda n: order[id(n)])
         renames = {o: prefix + o for n in segment for o in n.output if o}
         for node in segment:
@@ -147,3 +147,13 @@ def _value_info(name: str, type_proto: onnx.TypeProto | None) -> onnx.ValueInfoP
     if type_proto is not None:
         vi.type.CopyFrom(type_proto)
     return vi
+
+
+def set_input_ranks(model: onnx.ModelProto, ranks: dict[str, int]) -> None:
+    """Give inputs whose shape inference lost the rank symbolic dims of the rank actually seen, in place
+    (OpenVINO's frontend needs static ranks; symbolic dims keep feeds of other sizes valid)."""
+    for vi in model.graph.input:
+        tt = vi.type.tensor_type
+        if vi.name in ranks and vi.type.HasField("tensor_type") and not tt.HasField("shape"):
+            for i in range(ranks[vi.name]):
+                tt.shape.dim.add().dim_param = f"{vi.name}:{i}"

@@ -34,11 +34,16 @@ def candidate_names(model: onnx.ModelProto) -> set[str]:
 
 
 def pair_tensors(ref: GraphInfo, candidate: onnx.ModelProto, views: dict[str, str] | None = None) -> list[TensorPair]:
-    """Pairs in the reference's topological order, for every node output the candidate also has."""
+    """Pairs in the reference's topological order, for every node output the candidate also has.
+
+    Outputs of Constant nodes are parameters, not layers: they are not paired. A converter's change to one
+    (an FP16 clamp) shows in the consumer's isolated run, which uses the candidate's constant."""
     views = views or {}
     available = candidate_names(candidate)
     pairs = []
     for node in ref.nodes:
+        if node.op_type == "Constant":
+            continue
         for out in node.outputs:
             if not out:
                 continue

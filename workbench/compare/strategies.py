@@ -25,7 +25,7 @@ from ..engines.base import Engine
 from ..errors import EngineRunError, WorkbenchError
 from .budget import chunks, tensor_bytes
 from .criterion import Criterion
-from .isolate import build_isolation
+from .isolate import build_isolation, set_input_ranks
 from .metrics import ErrorStats
 from .pairs import TensorPair
 
@@ -137,7 +137,9 @@ def run_all(ctx: Context) -> Measured:
         pairs = [by_ref[t] for t in group]
         base = gi / len(groups)
         ctx.step(base, f"chunk {gi + 1}/{len(groups)}: building sessions")
-        iso = build_isolation(ctx.cand_model, [p.candidate for p in pairs], ctx.known) if ctx.isolate else None
+        iso = None
+        if ctx.isolate:
+            iso = build_isolation(ctx.cand_model, [p.candidate for p in pairs], ctx.known)
         if iso is not None and iso.skipped:
             log.info("%d tensors not isolated", len(iso.skipped))
         need = set(group) | (set(iso.boundary.values()) if iso else set())
@@ -146,18 +148,13 @@ def run_all(ctx: Context) -> Measured:
         ref_sess = ctx.ref_engine.prepare(ctx.ref_model, marked) if marked else None
         cand_sess = ctx.prepare_candidate(ctx.cand_model, [p.candidate for p in pairs])
         iso_sess, dtypes = None, {}
-        if iso is not None and iso.outputs:
-            try:
-                iso_sess = ctx.prepare_candidate(iso.model, list(iso.outputs))
-                dtypes = {vi.name: _iso_dtype(vi) for vi in iso.model.graph.input}
-            except EngineRunError as e:
-                ctx.notes.append(f"culprit isolation could not run on the candidate engine: {e}")
-                log.warning("isolation model rejected: %s", e)
         ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
         t0 = time.perf_counter()
         for fi, (feed, cfeed) in enumerate(zip(ctx.feeds, ctx.cand_feeds)):
             ctx.step(base + (fi + 0.5) / len(ctx.feeds) / len(groups), f"chunk {gi + 1}/{len(groups)}: feed {fi + 1}")
             ref = _ref_values(ctx, ref_sess, feed)
+            if fi == 0 and iso is not None and iso.outputs:
+                iso_sess, dtypes = _prepare_isolation(ctx, iso, ref)
             cand = cand_sess.run(cfeed)
             update_many([(out.full.setdefault(p.tensor, ErrorStats()), ref[p.tensor], cand[p.candidate])
                          for p in pairs if p.tensor in ref and p.candidate in cand])
@@ -176,6 +173,18 @@ def run_all(ctx: Context) -> Measured:
                 s.close()
     ctx.step(1.0, "done")
     return out
+
+
+def _prepare_isolation(ctx: Context, iso, ref: dict[str, np.ndarray]):
+    """Build the isolation session once the reference's first values give every boundary its rank."""
+    set_input_ranks(iso.model, {name: np.ndim(ref[r]) for name, r in iso.boundary.items() if r in ref})
+    try:
+        session = ctx.prepare_candidate(iso.model, list(iso.outputs))
+    except EngineRunError as e:
+        ctx.notes.append(f"culprit isolation could not run on the candidate engine: {e}")
+        log.warning("isolation model rejected: %s", e)
+        return None, {}
+    return session, {vi.name: _iso_dtype(vi) for vi in iso.model.graph.input}
 
 
 def _evaluate(ctx: Context, pairs: list[TensorPair], out: Measured) -> list[bool]:
@@ -237,11 +246,13 @@ def _isolate_one(ctx: Context, pair: TensorPair, out: Measured) -> None:
         return
     need = sorted((set(iso.boundary.values()) | {pair.tensor}) - ctx.ref_inputs)
     ref_sess = ctx.ref_engine.prepare(ctx.ref_model, need) if need else None
-    iso_sess = ctx.prepare_candidate(iso.model, list(iso.outputs))
-    dtypes = {vi.name: _iso_dtype(vi) for vi in iso.model.graph.input}
-    stats = ErrorStats()
+    stats, iso_sess, dtypes = ErrorStats(), None, {}
     for feed in ctx.feeds:
         ref = _ref_values(ctx, ref_sess, feed)
+        if iso_sess is None:
+            iso_sess, dtypes = _prepare_isolation(ctx, iso, ref)
+            if iso_sess is None:
+                return
         alone = iso_sess.run(_iso_feed(iso, dtypes, ref))
         stats.update(ref[pair.tensor], next(iter(alone.values())))
     out.introduced[pair.tensor] = stats

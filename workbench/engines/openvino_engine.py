@@ -78,10 +78,12 @@ class OpenVinoSession(Session):
         self._request = compiled.create_infer_request()
         self.outputs = outputs
         self.ports = _map_ports(compiled, outputs)
+        # OpenVINO drops Parameters it folded away (e.g. an input read only by Shape): feed only those kept
+        self.inputs = {name for port in compiled.inputs for name in port.get_names()}
 
     def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
         try:
-            results = self._request.infer(feeds)
+            results = self._request.infer({k: v for k, v in feeds.items() if k in self.inputs})
         except Exception as e:
             raise EngineRunError(f"OpenVINO failed while running the model: {_one_line(e)}",
                                  "check the feeds' names, shapes and dtypes") from e

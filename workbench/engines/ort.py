@@ -30,12 +30,16 @@ GPU_HINT = ("pip uninstall onnxruntime && pip install onnxruntime-gpu on a machi
             "with the CUDA and cuDNN libraries onnxruntime-gpu was built for (and the TensorRT libraries for ort-trt)")
 
 
+#: above this many marked outputs the CPU memory arena is off by default (memory_arena=None)
+MANY_OUTPUTS = 16
+
+
 class OrtEngine(Engine):
     """ONNX Runtime with one execution provider (``cpu``, ``cuda`` or ``trt``; CPU stays last for unsupported
     nodes). A session whose requested GPU provider was silently dropped is refused, never run on CPU."""
 
     def __init__(self, provider: str = "cpu", threads: int | None = None, graph_optimization: str = "all",
-                 provider_options: dict | None = None):
+                 provider_options: dict | None = None, memory_arena: bool | None = None):
         if provider not in PROVIDERS:
             raise SpecError(f"unknown onnxruntime provider {provider!r}", f"use one of {', '.join(PROVIDERS)}")
         if graph_optimization not in OPTIMIZATION_LEVELS:
@@ -45,6 +49,7 @@ class OrtEngine(Engine):
         self.threads = threads
         self.graph_optimization = graph_optimization
         self.provider_options = dict(provider_options or {})
+        self.memory_arena = memory_arena
         self.name = ENGINE_NAMES[provider]
         # TensorRT EP fusions change when tensors are marked; the bisecting search handles that.
         self.marks_all_cheaply = provider != "trt"
@@ -65,7 +70,8 @@ class OrtEngine(Engine):
             raise EngineUnavailableError(f"{self.name}: {problem[0]}", problem[1])
         payload = model_payload(mark_outputs(model, outputs))
         try:
-            session = ort.InferenceSession(payload.source, self._session_options(), providers=self._providers())
+            session = ort.InferenceSession(payload.source, self._session_options(len(outputs)),
+                                           providers=self._providers())
         except Exception as e:
             payload.close()
             raise _error("onnxruntime could not create a session", e,
@@ -92,10 +98,14 @@ class OrtEngine(Engine):
             "threads": self.threads,
         }
 
-    def _session_options(self):
+    def _session_options(self, marked: int = 0):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
+        arena = self.memory_arena if self.memory_arena is not None else marked <= MANY_OUTPUTS
+        if not arena:  # with many marked outputs the arena would keep their peak reserved after each run
+            options.enable_cpu_mem_arena = False
+            options.enable_mem_pattern = False
         options.log_severity_level = 3
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                                    OPTIMIZATION_LEVELS[self.graph_optimization])

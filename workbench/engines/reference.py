@@ -11,6 +11,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from ..errors import EngineRunError
 from .base import Engine, Feeds, Session
+from .reference_fixes import NEW_OPS
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class ReferenceEngine(Engine):
 
         wide = to_float64(model) if self.precision == "float64" else model
         try:
-            evaluator = ReferenceEvaluator(wide)
+            evaluator = ReferenceEvaluator(wide, new_ops=NEW_OPS)
         except (NotImplementedError, TypeError, ValueError, KeyError, RuntimeError) as e:
             raise EngineRunError(f"onnx's ReferenceEvaluator cannot run this model: {_one_line(e)}",
                                  "compare against ort instead of ref for this model") from e

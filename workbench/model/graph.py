@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import networkx as nx
 import numpy as np
 import onnx
 from onnx import helper
@@ -110,12 +109,15 @@ def topological_order(g: onnx.GraphProto) -> tuple[list[int], bool]:
     """Node indices in a topological order that keeps file order where it can (outer-scope reads of
     subgraphs count as inputs); ``(file order, True)`` when the graph has a cycle."""
     producer = {out: i for i, node in enumerate(g.node) for out in node.output if out}
+    edges = [(producer[name], i) for i, node in enumerate(g.node) for name in _node_reads(node)
+             if name in producer and producer[name] != i]
+    if all(a < b for a, b in edges):  # already sorted (the usual case): no graph library needed
+        return list(range(len(g.node))), False
+    import networkx as nx
+
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(g.node)))
-    for i, node in enumerate(g.node):
-        for name in _node_reads(node):
-            if name in producer and producer[name] != i:
-                graph.add_edge(producer[name], i)
+    graph.add_edges_from(edges)
     try:
         return list(nx.lexicographical_topological_sort(graph)), False
     except nx.NetworkXUnfeasible:
