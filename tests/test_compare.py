@@ -222,7 +222,10 @@ def test_wrong_feed_names_give_one_clear_error(tmp_path):
         compare(tiny_model(), "ort", "ort:fp16", feeds=tmp_path / "bad.npz")
 
 
-@pytest.mark.parametrize("sample", [m for m in FAULTY if m["fault"]["kind"] == "fp16_overflow"], ids=lambda m: m["name"])
+OVERFLOWS = [m for m in FAULTY if m["fault"]["kind"] == "fp16_overflow"]
+
+
+@pytest.mark.parametrize("sample", OVERFLOWS, ids=lambda m: m["name"])
 def test_fp16_arithmetic_emulation_shows_overflow_at_the_outputs(sample):
     """ref:fp16 computes the FP16 variant in numpy float16: the overflow reaches the outputs, as on a GPU,
     while ONNX Runtime's CPU provider (FP16 ops run in FP32) keeps the outputs finite."""
@@ -243,3 +246,27 @@ def test_ref_int8_is_refused_with_a_hint():
 
     with pytest.raises(SpecError, match="ort:int8"):
         compare(SAMPLES / "healthy_cnn.onnx", "ref", "ref:int8")
+
+
+def test_torch_module_against_its_onnx_export():
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    result = compare(net, "torch", "ort", example_inputs=(torch.randn(1, 3, 16, 16),))
+    assert not result.diverged
+    names = {t.tensor for t in result.tensors}
+    assert "/conv/Conv_output_0" in names and set(result.outputs) <= names
+    assert min(t.metrics["sqnr_db"] for t in result.tensors) > 100
+    assert result.culprits[0].received["sqnr_db"] == math.inf  # fed the same graph input
+    with pytest.raises(Exception, match="torch.nn.Module"):
+        compare(SAMPLES / "healthy_cnn.onnx", "torch", "ort")

@@ -47,6 +47,13 @@ def make_engine(spec: EngineSpec, *, isolate: bool | None = None, options: dict 
     return get_engine(spec.engine, **opts)
 
 
+def _is_torch_module(obj: Any) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
 def _feeds(model: onnx.ModelProto, feeds: Any, seed: int, shapes, ranges, count: int) -> tuple[list[dict], dict]:
     from ..inputs import check_feeds, feeds_from, random_feeds
 
@@ -93,6 +100,7 @@ def compare(
     keep_fp32: Sequence[str] = (),
     calibration_feeds: Any = None,
     inline_branches: bool = True,
+    example_inputs: Any = None,
     isolate: bool | None = None,
     culprits: bool = True,
     engine_options: dict[str, dict] | None = None,
@@ -108,7 +116,9 @@ def compare(
     tensors matched by name). ``mode``: "all" marks every tensor (chunked under ``memory_budget``), "bisect"
     binary-searches with one extra marked tensor per candidate build, "auto" picks all unless the candidate
     engine makes marking expensive (TensorRT). ``criterion``: when a tensor counts as diverged (default per
-    candidate precision, see :class:`Criterion`). Culprits: every node is also run alone on the candidate with
+    candidate precision, see :class:`Criterion`). A ``torch.nn.Module`` model needs ``example_inputs``: it is
+    exported (legacy exporter, opset 17) and the ``torch`` engine runs the module eagerly.
+    Culprits: every node is also run alone on the candidate with
     the reference's inputs, and nodes are ranked by the error they introduce.
     """
     t_start = time.perf_counter()
@@ -116,7 +126,14 @@ def compare(
     ref_spec, cand_spec = EngineSpec.parse(reference), EngineSpec.parse(candidate)
     if mode not in MODES:
         raise SpecError(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    module = model if _is_torch_module(model) else None
+    if module is None and "torch" in (ref_spec.engine, cand_spec.engine):
+        raise SpecError("the 'torch' engine runs a torch.nn.Module: pass the module itself as the model",
+                        "compare(module, 'torch', 'ort', example_inputs=(x,)) exports it and runs both")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, example_inputs=example_inputs)
+    if module is not None:  # the torch engine runs the module itself
+        engine_options = {**(engine_options or {}), "torch": {"module": module, "example_inputs": example_inputs,
+                                                            **(engine_options or {}).get("torch", {})}}
     crit = Criterion.parse(criterion) if isinstance(criterion, str) else (
         criterion or Criterion.default_for(cand_spec.variant))
     engine_options = engine_options or {}
@@ -242,7 +259,9 @@ def _received(node_inputs, measured: Measured, crit: Criterion) -> dict:
         m = stats.metrics()
         if worst is None or crit.badness(m) > crit.badness(worst):
             worst = m
-    return worst if worst is not None else ErrorStats().metrics()
+    if worst is None:  # fed by graph inputs (or by nothing compared): the same feed reaches both sides
+        worst = ErrorStats().update(np.zeros(1), np.zeros(1)).metrics()
+    return worst
 
 
 def _own_error(introduced: dict, received: dict) -> dict:

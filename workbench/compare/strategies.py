@@ -154,7 +154,7 @@ def run_all(ctx: Context) -> Measured:
             ctx.step(base + (fi + 0.5) / len(ctx.feeds) / len(groups), f"chunk {gi + 1}/{len(groups)}: feed {fi + 1}")
             ref = _ref_values(ctx, ref_sess, feed)
             if fi == 0 and iso is not None and iso.outputs:
-                iso_sess, dtypes = _prepare_isolation(ctx, iso, ref)
+                iso, iso_sess, dtypes = _prepare_isolation(ctx, iso, ref)
             cand = cand_sess.run(cfeed)
             update_many([(out.full.setdefault(p.tensor, ErrorStats()), ref[p.tensor], cand[p.candidate])
                          for p in pairs if p.tensor in ref and p.candidate in cand])
@@ -176,15 +176,20 @@ def run_all(ctx: Context) -> Measured:
 
 
 def _prepare_isolation(ctx: Context, iso, ref: dict[str, np.ndarray]):
-    """Build the isolation session once the reference's first values give every boundary its rank."""
-    set_input_ranks(iso.model, {name: np.ndim(ref[r]) for name, r in iso.boundary.items() if r in ref})
+    """Build the isolation session once the reference's first values are known: boundaries the reference did
+    not produce (the torch engine returns only tensors it maps) are walked past, and every boundary gets the
+    rank of its value. Returns (isolation model, session, input dtypes); session None if the engine refuses."""
+    if any(r not in ref for r in iso.boundary.values()):
+        have = {c: r for c, r in ctx.known.items() if r in ref}
+        iso = build_isolation(ctx.cand_model, list(iso.outputs.values()), have)
+    set_input_ranks(iso.model, {name: np.ndim(ref[r]) for name, r in iso.boundary.items()})
     try:
         session = ctx.prepare_candidate(iso.model, list(iso.outputs))
     except EngineRunError as e:
         ctx.notes.append(f"culprit isolation could not run on the candidate engine: {e}")
         log.warning("isolation model rejected: %s", e)
-        return None, {}
-    return session, {vi.name: _iso_dtype(vi) for vi in iso.model.graph.input}
+        return iso, None, {}
+    return iso, session, {vi.name: _iso_dtype(vi) for vi in iso.model.graph.input}
 
 
 def _evaluate(ctx: Context, pairs: list[TensorPair], out: Measured) -> list[bool]:
@@ -250,7 +255,7 @@ def _isolate_one(ctx: Context, pair: TensorPair, out: Measured) -> None:
     for feed in ctx.feeds:
         ref = _ref_values(ctx, ref_sess, feed)
         if iso_sess is None:
-            iso_sess, dtypes = _prepare_isolation(ctx, iso, ref)
+            iso, iso_sess, dtypes = _prepare_isolation(ctx, iso, ref)
             if iso_sess is None:
                 return
         alone = iso_sess.run(_iso_feed(iso, dtypes, ref))
