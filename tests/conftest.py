@@ -30,6 +30,26 @@ def tiny_model(opset: int = 17, ir_version: int = 8, named: bool = True) -> onnx
     return model
 
 
+def direct_counts(model: onnx.ModelProto):
+    """(domain, op_type) -> count over the graph and all subgraphs, counted with onnx alone (an independent check
+    of the workbench's inventory)."""
+    from collections import Counter
+
+    counts: Counter = Counter()
+
+    def walk(graph):
+        for n in graph.node:
+            counts[(n.domain or "ai.onnx", n.op_type)] += 1
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g)
+                for sub in a.graphs:
+                    walk(sub)
+
+    walk(model.graph)
+    return counts
+
+
 @pytest.fixture
 def tiny() -> onnx.ModelProto:
     return tiny_model()

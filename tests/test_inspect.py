@@ -3,31 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import onnx
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, direct_counts
 
 from workbench.cli import main
 from workbench.inspection import inspect_model
-
-
-def direct_counts(model: onnx.ModelProto) -> Counter:
-    """(domain, op_type) -> count over the graph and all subgraphs, counted here with onnx alone."""
-    counts: Counter = Counter()
-
-    def walk(graph):
-        for n in graph.node:
-            counts[(n.domain or "ai.onnx", n.op_type)] += 1
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    walk(a.g)
-                for sub in a.graphs:
-                    walk(sub)
-
-    walk(model.graph)
-    return counts
 
 
 def assert_inspect_json_matches_onnx(path, doc):

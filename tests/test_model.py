@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -141,34 +139,6 @@ def test_deprecated_op_flagged():
     inv = inventory(m)
     assert inv.deprecated_ops == ["Upsample"]
     assert any(p.code == "deprecated-op" and p.node == "up" for p in load_model(m).problems)
-
-
-def _direct_counts(model: onnx.ModelProto) -> Counter:
-    counts: Counter = Counter()
-
-    def walk(graph):
-        for n in graph.node:
-            counts[(n.domain or "ai.onnx", n.op_type)] += 1
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    walk(a.g)
-                for sub in a.graphs:
-                    walk(sub)
-
-    walk(model.graph)
-    return counts
-
-
-def check_inventory_against_onnx(path: Path) -> None:
-    """Inventory rows equal a direct recursive count with onnx; since_version equals onnx.defs's."""
-    raw = onnx.load(path, load_external_data=False)
-    inv = inventory(load_model(path).proto)
-    assert {(r.domain, r.op_type): r.count for r in inv.ops} == dict(_direct_counts(raw))
-    opset = {(i.domain or "ai.onnx"): i.version for i in raw.opset_import}
-    assert inv.opset_imports == opset
-    for r in inv.ops:
-        if r.domain == "ai.onnx":
-            assert r.since_version == onnx.defs.get_schema(r.op_type, opset["ai.onnx"]).since_version
 
 
 def test_subgraph_nodes_counted_and_listed():

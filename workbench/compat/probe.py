@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import onnx
 
-from workbench.model.walk import iter_nodes, subgraphs_of
+from workbench.model.walk import iter_all_nodes
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +61,6 @@ class ProbeResult:
         return asdict(self)
 
 
-def _all_nodes(model: onnx.ModelProto):
-    yield from iter_nodes(model.graph, recursive=True)
-    for func in model.functions:
-        for node in func.node:
-            yield node
-            for _, sub in subgraphs_of(node):
-                yield from iter_nodes(sub, recursive=True)
-
-
 def _find_node(
     model: onnx.ModelProto,
     name: str | None = None,
@@ -78,7 +69,7 @@ def _find_node(
     output: str | None = None,
 ) -> onnx.NodeProto | None:
     """First node matching by name, else by an output name, else by op_type (and domain when given)."""
-    nodes = list(_all_nodes(model))
+    nodes = list(iter_all_nodes(model))
     if name:
         for node in nodes:
             if node.name == name:

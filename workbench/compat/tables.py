@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -17,7 +16,7 @@ from importlib import resources
 import onnx
 
 from workbench.errors import WorkbenchError
-from workbench.model.walk import iter_nodes, opset_imports, subgraphs_of
+from workbench.model.walk import iter_all_nodes, opset_imports
 
 log = logging.getLogger(__name__)
 
@@ -195,21 +194,11 @@ def find_target(name: str) -> Target:
     raise WorkbenchError(f"unknown target {name!r}", f"known targets: {known}")
 
 
-def _iter_all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    """Graph nodes (with subgraphs), then the bodies of model-local functions."""
-    yield from iter_nodes(model.graph, recursive=True)
-    for func in model.functions:
-        for node in func.node:
-            yield node
-            for _, sub in subgraphs_of(node):
-                yield from iter_nodes(sub, recursive=True)
-
-
 def _collect_ops(model: onnx.ModelProto) -> dict[tuple[str, str], list[str]]:
     """Map (domain, op_type) -> node labels, skipping calls to model-local functions (their bodies count)."""
     local = {(f.domain or "ai.onnx", f.name) for f in model.functions}
     ops: dict[tuple[str, str], list[str]] = {}
-    for index, node in enumerate(_iter_all_nodes(model)):
+    for index, node in enumerate(iter_all_nodes(model)):
         key = (node.domain or "ai.onnx", node.op_type)
         if key in local:
             continue

@@ -26,6 +26,16 @@ def iter_nodes(graph: onnx.GraphProto, recursive: bool = True) -> Iterator[onnx.
                 yield from iter_nodes(sub, recursive=True)
 
 
+def iter_all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Graph nodes (subgraphs included), then the nodes of model-local function bodies (and their subgraphs)."""
+    yield from iter_nodes(model.graph, recursive=True)
+    for func in model.functions:
+        for node in func.node:
+            yield node
+            for _, sub in subgraphs_of(node):
+                yield from iter_nodes(sub, recursive=True)
+
+
 def opset_imports(model: onnx.ModelProto) -> dict[str, int]:
     """Map domain -> version, with the default domain spelled ``ai.onnx``."""
     return {(imp.domain or "ai.onnx"): int(imp.version) for imp in model.opset_import}
