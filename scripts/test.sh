@@ -4,5 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+# Browser tests drive Debian's Chromium (never `playwright install`): install it once, quietly, when missing.
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver) \
+    >/dev/null 2>&1 || echo "warning: could not install chromium; browser tests will be skipped" >&2
+fi
 ruff check .
 python -m pytest -n 2 --timeout 600 "$@"

@@ -7,6 +7,13 @@ import tempfile
 from pathlib import Path
 
 
+def umask() -> int:
+    """The process umask (read without changing it for good)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of one."""
     target = Path(path)
@@ -17,6 +24,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; outputs get ordinary permissions
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

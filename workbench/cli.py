@@ -67,9 +67,97 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     if args.json:
         _write_json(result.to_json(), args.json)
+    _save_report_and_bundle(args, result)
     if args.json != "-":
         print(render(result))
     return EXIT_DIVERGED if result.diverged else EXIT_OK
+
+
+def _save_report_and_bundle(args: argparse.Namespace, result) -> None:
+    """``--report`` and ``--bundle`` of compare. Tensor values of the first divergent tensor, the top culprit and
+    the first output are captured once for both. (Calibrate's hook: ``report.bundle.BundleWriter(dest,
+    kind="calibrate")`` with add_model/add_feeds/add_json, then commit().)"""
+    if not (getattr(args, "report", None) or getattr(args, "bundle", None)):
+        return
+    from .report.tensors import capture_tensors
+
+    try:
+        values = capture_tensors(result, "auto")
+    except WorkbenchError as e:
+        log.warning("tensor values not captured: %s", e)
+        values = {}
+    if args.bundle:
+        from .report.bundle import save_bundle
+
+        zipped = args.bundle.lower().endswith(".zip")
+        path = save_bundle(result, dest=args.bundle, zip=zipped, tensors=values)
+        print(f"workbench: bundle written to {path} (rerun it: workbench rerun {path})", file=sys.stderr)
+    if args.report:
+        from .report.html import write_report
+
+        write_report(result, args.report, tensors=values)
+        print(f"workbench: report written to {args.report}", file=sys.stderr)
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from .report.rerun import rerun_bundle
+
+    report = rerun_bundle(args.bundle, model=args.model, cand_model=args.cand_model,
+                          progress=_progress_logger() if args.verbose else None)
+    if args.json:
+        _write_json(report.to_json(), args.json)
+    if args.json != "-":
+        print(report.render())
+    return report.exit_code
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .report.diff import diff_results
+
+    diff = diff_results(args.a, args.b, metric=args.metric, labels=(os.path.basename(args.a.rstrip("/")) or "A",
+                                                                    os.path.basename(args.b.rstrip("/")) or "B"))
+    if args.json:
+        _write_json(diff.to_json(), args.json)
+    if args.json != "-":
+        print(diff.render(top=args.top))
+    return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate.api import calibrate
+    from .calibrate.text import render
+
+    report = calibrate(
+        args.model, _feeds_arg(args.data), eval_data=_feeds_arg(args.eval_data) if args.eval_data else None,
+        method=args.method, percentile=args.percentile, num_bins=args.num_bins, memory_budget=args.memory_budget,
+        seed=args.seed, input_shapes=args.input_shapes, sweep=args.sweep, top_k=args.top_k,
+        progress=_progress_logger() if args.verbose else None,
+    )
+    written = []
+    if args.import_cache:
+        report.read_cache(args.import_cache)
+    if args.cache:
+        path = report.write_trt_cache(args.cache, version=args.cache_version)
+        written.append(f"TensorRT calibration cache ({report.method}): {path}")
+    if args.ort_table:
+        written += [f"ORT calibration table: {p}" for p in report.write_ort_table(args.ort_table)]
+    if args.qdq:
+        written.append(f"QDQ model ({report.method}): {report.save_qdq(args.qdq)}")
+        report.check_qdq()
+    if args.json:
+        _write_json(report.to_json(), args.json)
+    if args.json != "-":
+        print(render(report, top=args.top))
+        for line in written:
+            print(f"wrote {line}")
+    return EXIT_OK
+
+
+def _feeds_arg(text: str):
+    """``--data``: a whole number N (and no such file) means N seeded random feeds."""
+    if text.strip().isdigit() and not os.path.exists(text):
+        return int(text)
+    return text
 
 
 def _progress_logger():
@@ -126,7 +214,58 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run engines in a worker process (auto: TensorRT and GPU providers)")
     p.add_argument("--timeout", type=float, metavar="S", help="worker timeout in seconds (isolated engines)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.compare/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report (plots work offline)")
+    p.add_argument("--bundle", metavar="DIR", help="save a rerunnable bundle: model copy, feeds, options, results "
+                   "(DIR.zip: zipped); rerun it with `workbench rerun DIR`")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("calibrate", help="INT8 calibration diagnostics: histograms, ranges by method, sensitivity, "
+                       "representativeness, TensorRT cache, QDQ model")
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--data", required=True, metavar="FILE|DIR|N", help="calibration feeds: .npz, folder of .npz, "
+                   "Polygraphy inputs JSON, or a number N for N seeded random feeds")
+    p.add_argument("--eval-data", metavar="FILE|DIR|N", help="evaluation feeds to check the calibration data "
+                   "against (same forms; N random feeds use seed+1)")
+    p.add_argument("--method", choices=["max", "percentile", "entropy", "mse"], default="entropy",
+                   help="the method for the cache, the QDQ model, sensitivity and the checks (all four are "
+                   "computed; default: entropy, TensorRT's EntropyCalibration2)")
+    p.add_argument("--percentile", type=float, default=99.99, metavar="P", help="percentile method (default 99.99)")
+    p.add_argument("--num-bins", type=int, default=2048, metavar="N", help="histogram bins, a power of two "
+                   "(default 2048, TensorRT's)")
+    p.add_argument("--cache", metavar="OUT", help="write TensorRT's calibration cache of --method to OUT")
+    p.add_argument("--cache-version", type=int, default=100300, metavar="INT",
+                   help="version in the cache's TRT-<version>-<Algo> header (default 100300: TensorRT 10.3)")
+    p.add_argument("--ort-table", metavar="DIR", help="write ORT's calibration.json/.flatbuffers/.cache into DIR")
+    p.add_argument("--import-cache", metavar="FILE", help="overlay thresholds from a TensorRT cache or ORT "
+                   "calibration.json")
+    p.add_argument("--qdq", metavar="OUT.onnx", help="write a QDQ INT8 model with --method's ranges and compare its "
+                   "outputs with FP32 on ORT")
+    p.add_argument("--sweep", action="store_true", help="quantize-only-this / keep-only-this-in-float sweep on the "
+                   "top tensors, judged on the model's outputs")
+    p.add_argument("--top-k", type=int, default=16, metavar="K", help="tensors in the sweep (default 16)")
+    p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
+    p.add_argument("--memory-budget", metavar="SIZE", help="peak memory for marked tensors per feed, e.g. 512M, 2G "
+                   "(default: a quarter of RAM, at most 4G)")
+    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
+    p.add_argument("--top", type=int, default=5, metavar="N", help="rows per section in the summary (default 5)")
+    p.add_argument("--json", metavar="OUT", help="write the workbench.calibrate/1 JSON to OUT ('-' for stdout)")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("rerun", help="rerun a bundle (same model, feeds, specs, options) and say what changed")
+    p.add_argument("bundle", help="bundle folder or .zip written by `workbench compare --bundle`")
+    p.add_argument("--model", metavar="PATH", help="the model file, for a bundle that keeps only a reference "
+                   "(its sha256 must match)")
+    p.add_argument("--cand-model", metavar="PATH", help="the candidate model file, likewise")
+    p.add_argument("--json", metavar="OUT", help="write the workbench.rerun/1 JSON to OUT ('-' for stdout)")
+    p.set_defaults(func=cmd_rerun)
+
+    p = sub.add_parser("diff", help="what changed between two comparisons (results JSON files or bundles)")
+    p.add_argument("a", metavar="A", help="results JSON (`compare --json`) or bundle: before")
+    p.add_argument("b", metavar="B", help="results JSON or bundle: after")
+    p.add_argument("--metric", help="metric to rank changes by (default: A's criterion metric)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="largest changes to list (default 10)")
+    p.add_argument("--json", metavar="OUT", help="write the workbench.diff/1 JSON to OUT ('-' for stdout)")
+    p.set_defaults(func=cmd_diff)
     return parser
 
 

@@ -108,6 +108,8 @@ def compare(
     max_culprits: int = 10,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
+    reference_engine: Engine | None = None,
+    candidate_engine: Engine | None = None,
 ) -> CompareResult:
     """Compare ``reference`` and ``candidate`` (``ENGINE[:VARIANT]`` specs) on ``model`` layer by layer.
 
@@ -120,6 +122,9 @@ def compare(
     exported (legacy exporter, opset 17) and the ``torch`` engine runs the module eagerly.
     Culprits: every node is also run alone on the candidate with
     the reference's inputs, and nodes are ranked by the error they introduce.
+    ``reference_engine``/``candidate_engine``: an :class:`Engine` instance used instead of the one the spec names
+    (the spec still picks the variant), e.g. a recorded Polygraphy run (:mod:`workbench.report.recorded`).
+    The result keeps the feeds used (``result.used_feeds``) and the options (``result.run_options``) for bundles.
     """
     t_start = time.perf_counter()
     timing: dict[str, float] = {}
@@ -169,10 +174,10 @@ def compare(
     known |= {i.name: i.name for i in cand_inferred.graph.input if i.name in ref_inputs}
 
     t0 = time.perf_counter()
-    ref_engine = make_engine(ref_spec, isolate=isolate,
-                             options=engine_options.get(ref_spec.engine), timeout_s=timeout_s)
-    cand_engine = make_engine(cand_spec, isolate=isolate, options=engine_options.get(cand_spec.engine),
-                              timeout_s=timeout_s)
+    ref_engine = reference_engine or make_engine(ref_spec, isolate=isolate,
+                                                 options=engine_options.get(ref_spec.engine), timeout_s=timeout_s)
+    cand_engine = candidate_engine or make_engine(cand_spec, isolate=isolate,
+                                                  options=engine_options.get(cand_spec.engine), timeout_s=timeout_s)
     chosen = mode if mode != "auto" else ("all" if getattr(cand_engine, "marks_all_cheaply", True) else "bisect")
     cand_feeds = _cast_feeds(cand_inferred, feeds_list)
     ctx = Context(
@@ -192,7 +197,7 @@ def compare(
     tensors = _tensor_results(pairs, measured, crit)
     culprit_list = _culprits(ref_graph, pairs, measured, crit, cand_spec.variant, clamps, max_culprits)
     timing["total_s"] = time.perf_counter() - t_start
-    return CompareResult(
+    result = CompareResult(
         reference=str(ref_spec), candidate=str(cand_spec), criterion=crit, tensors=tensors, culprits=culprit_list,
         mode=chosen, model={"name": original.name, "sha256": original.fingerprint,
                             "nodes": len(original.proto.graph.node),
@@ -201,6 +206,17 @@ def compare(
         variant=variant_info, feeds=feed_info, timing={k: round(v, 4) for k, v in timing.items()},
         builds=ctx.builds, notes=ctx.notes, outputs=list(ref_graph.outputs),
     )
+    # not serialised: what a bundle needs to rerun this comparison (workbench.report.bundle)
+    result.used_feeds = feeds_list
+    result.run_options = {
+        "requested_mode": mode, "memory_budget": memory_budget, "keep_fp32": list(keep_fp32),
+        "calibration_feeds": calibration_feeds, "inline_branches": inline_branches, "culprits": culprits,
+        "max_culprits": max_culprits, "isolate": isolate, "timeout_s": timeout_s, "engine_options": engine_options,
+        "cand_model": cand_model, "model": model, "seed": seed, "feed_count": feed_count,
+        "input_shapes": input_shapes, "val_ranges": val_ranges,
+        "custom_engines": [k for k, e in (("reference", reference_engine), ("candidate", candidate_engine)) if e],
+    }
+    return result
 
 
 def _inline_decided_ifs(loaded: LoadedModel, feeds: list[dict], notes: list[str]) -> LoadedModel:

@@ -82,6 +82,10 @@ class CompareResult:
     builds: int = 0
     notes: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    #: not serialised (None/empty after ``from_json``): the feeds compare() used and the options it ran with,
+    #: what :func:`workbench.report.save_bundle` needs to make the comparison rerunnable
+    used_feeds: list | None = field(default=None, repr=False, compare=False)
+    run_options: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def first_divergent(self) -> TensorResult | None:

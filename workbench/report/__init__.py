@@ -1,0 +1,46 @@
+"""Reports: rerunnable bundles (save, load, rerun, diff), self-contained HTML, interop (Polygraphy RunResults,
+Model Explorer node data, Netron). Submodules are imported on first use."""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "save_bundle": "workbench.report.bundle",
+    "load_bundle": "workbench.report.bundle",
+    "Bundle": "workbench.report.bundle",
+    "BundleWriter": "workbench.report.bundle",
+    "rerun_bundle": "workbench.report.rerun",
+    "RerunReport": "workbench.report.rerun",
+    "diff_results": "workbench.report.diff",
+    "ResultDiff": "workbench.report.diff",
+    "load_result": "workbench.report.diff",
+    "write_report": "workbench.report.html",
+    "render_report": "workbench.report.html",
+    "capture_tensors": "workbench.report.tensors",
+    "read_run_results": "workbench.report.interop",
+    "write_run_results": "workbench.report.interop",
+    "write_inputs_json": "workbench.report.interop",
+    "record_run": "workbench.report.interop",
+    "compare_with_recording": "workbench.report.interop",
+    "model_explorer_node_data": "workbench.report.interop",
+    "save_model_explorer_node_data": "workbench.report.interop",
+    "netron_command": "workbench.report.interop",
+    "open_in_netron": "workbench.report.interop",
+    "RecordedEngine": "workbench.report.recorded",
+    "BundleError": "workbench.report.safety",
+    "UnsafeBundleError": "workbench.report.safety",
+    "ModelMismatchError": "workbench.report.safety",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'workbench.report' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

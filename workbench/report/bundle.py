@@ -1,0 +1,480 @@
+"""Reproducible investigations: a comparison saved as a folder (or .zip) a colleague can rerun.
+
+Layout (every path inside is relative, so the bundle can be moved or zipped)::
+
+    manifest.json          schema "workbench.bundle/1": versions, platform, GPU, model sha256 (+ copy or
+                           reference), engine specs and options, variant settings, criterion, feeds, file hashes
+    results.json           the workbench.compare/1 result
+    model/NAME.onnx        copy of the model (+ its external-data files at their relative locations)
+    cand_model/NAME.onnx   the --cand-model file, when one was used
+    inputs/feed_000.npz    the exact feeds compared (one .npz per feed, keys = input names)
+    calibration/feed_*.npz calibration feeds, when they differ from the compared feeds (INT8)
+    tensors/tensor_*.npz   optional selected tensors: arrays "reference" and "candidate"
+
+Written atomically: built in a temporary folder beside the destination, then renamed into place.
+Other producers (calibration) add their own ``kind`` through :class:`BundleWriter`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._atomic import umask
+from ..compare.result import CompareResult
+from ..errors import WorkbenchError
+from .safety import (
+    BundleError,
+    ModelMismatchError,
+    UnsafeBundleError,
+    check_npz,
+    confined,
+    load_npz,
+    read_json,
+    relpath,
+    remove_tree,
+    safe_extract,
+    sha256_file,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "workbench.bundle/1"
+MANIFEST = "manifest.json"
+RESULTS = "results.json"
+
+
+def _write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """np.savez without its keyword pitfalls (an input named "file"), never pickling."""
+    from numpy.lib import format as npy_format
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
+                npy_format.write_array(fh, np.asarray(value), allow_pickle=False)
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+class BundleWriter:
+    """Builds a bundle in a temporary folder beside ``dest``; :meth:`commit` renames (or zips) it into place.
+
+    The hook for other producers: ``w = BundleWriter(dest, kind="calibrate")``, then ``add_model``,
+    ``add_feeds``, ``add_json``, ``manifest[...] = ...``, ``commit()``."""
+
+    def __init__(self, dest: str | os.PathLike, *, kind: str, zip: bool = False, overwrite: bool = False):
+        dest = Path(dest).expanduser()
+        if zip and dest.suffix.lower() != ".zip":
+            dest = dest.with_name(dest.name + ".zip")
+        if dest.exists() and not overwrite:
+            raise BundleError(f"{dest} already exists", "pick a new destination or pass overwrite=True")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self.dest, self.zip = dest, zip
+        self.root = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+        from .env import environment
+
+        env = environment()
+        self.manifest: dict[str, Any] = {
+            "schema": SCHEMA, "kind": kind,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "tool": {"name": "onnx-drift-workbench", "version": env["versions"].get("workbench")},
+            **env,
+        }
+
+    def path(self, rel: str) -> Path:
+        target = self.root / relpath(rel, "bundle path")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def add_json(self, rel: str, doc: dict) -> str:
+        self.path(rel).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        return rel
+
+    def add_arrays(self, rel: str, arrays: Mapping[str, np.ndarray]) -> str:
+        _write_npz(self.path(rel), arrays)
+        return rel
+
+    def add_feeds(self, folder: str, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
+        return [self.add_arrays(f"{folder}/feed_{i:03d}.npz", f) for i, f in enumerate(feeds)]
+
+    def add_model(self, folder: str, source: Any, *, copy: bool, expected_sha: str | None) -> dict:
+        """Copy a model (file + external data, or serialized proto/bytes) into ``folder``, or reference it
+        (absolute path + sha256) when ``copy`` is False. The copy's fingerprint is checked against
+        ``expected_sha`` (the sha the result recorded)."""
+        from ..model.load import LoadedModel, load_model
+
+        if isinstance(source, LoadedModel) and source.path is not None:
+            source = source.path
+        if not copy:
+            if not isinstance(source, (str, os.PathLike)):
+                raise BundleError("copy_model=False needs the model as a file path (it is kept as a reference)",
+                                  "pass the .onnx path, or keep copy_model=True")
+            loaded = load_model(source)
+            _check_sha(loaded.fingerprint, expected_sha, str(source))
+            return {"copied": False, "path": str(Path(source).resolve()), "name": loaded.name,
+                    "sha256": loaded.fingerprint}
+        if isinstance(source, (str, os.PathLike)):
+            src = Path(source).expanduser()
+            loaded = load_model(src)
+            base = src.resolve().parent
+            target = self.path(f"{folder}/{src.name}")
+            shutil.copyfile(src, target)
+            for ext in loaded.external_files:
+                try:
+                    rel = Path(ext).resolve().relative_to(base).as_posix()
+                except ValueError:
+                    rel = Path(ext).name
+                shutil.copyfile(ext, self.path(f"{folder}/{rel}"))
+        else:
+            if hasattr(source, "SerializeToString"):
+                data = source.SerializeToString()
+            elif isinstance(source, LoadedModel):
+                data = source.proto.SerializeToString()
+            elif isinstance(source, (bytes, bytearray, memoryview)):
+                data = bytes(source)
+            else:
+                raise BundleError(f"cannot bundle a {type(source).__name__} as the model",
+                                  "pass model= the .onnx file (for a torch.nn.Module: its ONNX export)")
+            target = self.path(f"{folder}/model.onnx")
+            target.write_bytes(data)
+        copied = load_model(target)
+        entry = {"copied": True, "file": target.relative_to(self.root).as_posix(), "name": copied.name,
+                 "sha256": copied.fingerprint,
+                 "files": sorted([target.relative_to(self.root).as_posix()]
+                                 + [Path(p).resolve().relative_to(self.root.resolve()).as_posix()
+                                    for p in copied.external_files])}
+        if expected_sha and copied.fingerprint != expected_sha:
+            if isinstance(source, (str, os.PathLike)):
+                _check_sha(copied.fingerprint, expected_sha, str(source))
+            entry["result_sha256"] = expected_sha  # a proto re-serialised: same graph, other bytes
+            log.warning("the bundled model copy hashes to %s, the result recorded %s (re-serialised proto)",
+                        copied.fingerprint[:12], expected_sha[:12])
+        return entry
+
+    def commit(self) -> Path:
+        files = {}
+        for p in sorted(self.root.rglob("*")):
+            if p.is_file():
+                files[p.relative_to(self.root).as_posix()] = sha256_file(p)
+        self.manifest["files"] = files
+        self.add_json(MANIFEST, self.manifest)
+        mask = umask()
+        try:
+            if self.zip:
+                fd, tmp = tempfile.mkstemp(prefix=f".{self.dest.name}.", suffix=".tmp", dir=self.dest.parent)
+                os.close(fd)
+                with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+                    for p in sorted(self.root.rglob("*")):
+                        if p.is_file():
+                            zf.write(p, p.relative_to(self.root).as_posix())
+                os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600: give the user's usual permissions
+                os.replace(tmp, self.dest)
+                remove_tree(self.root)
+            else:
+                old = None
+                if self.dest.exists():
+                    old = self.dest.with_name(f".{self.dest.name}.old.{os.getpid()}")
+                    os.replace(self.dest, old)
+                os.chmod(self.root, 0o777 & ~mask)  # mkdtemp makes 0700
+                os.replace(self.root, self.dest)
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        except BaseException:
+            self.abort()
+            raise
+        log.info("wrote bundle %s", self.dest)
+        return self.dest
+
+    def abort(self) -> None:
+        remove_tree(self.root)
+
+
+
+def _check_sha(found: str, expected: str | None, what: str) -> None:
+    if expected and found != expected:
+        raise ModelMismatchError(f"model {what} has sha256 {found}, but the comparison was made on sha256 "
+                                 f"{expected}")
+
+
+def _compare_options(result: CompareResult, opts: dict) -> tuple[dict, list[str]]:
+    """The compare() options a rerun needs, JSON-ready; plus notes on what could not be recorded."""
+    notes = []
+    engine_options = opts.get("engine_options") or {}
+    if not _jsonable(engine_options):
+        notes.append("engine_options hold Python objects and were not recorded; a rerun uses the defaults")
+        engine_options = {}
+    budget = opts.get("memory_budget")
+    doc = {
+        "reference": result.reference, "candidate": result.candidate, "mode": result.mode,
+        "requested_mode": opts.get("requested_mode", result.mode), "criterion": result.criterion.to_json(),
+        "memory_budget": budget if budget is None or isinstance(budget, (int, str)) else str(budget),
+        "keep_fp32": list(opts.get("keep_fp32") or ()), "inline_branches": bool(opts.get("inline_branches", True)),
+        "culprits": bool(opts.get("culprits", True)), "max_culprits": int(opts.get("max_culprits", 10)),
+        "isolate": opts.get("isolate"), "timeout_s": opts.get("timeout_s"), "engine_options": engine_options,
+        "rerunnable": True,
+    }
+    if opts.get("custom_engines"):
+        doc["rerunnable"] = False
+        doc["why_not_rerunnable"] = f"the {' and '.join(opts['custom_engines'])} engine was a custom Engine instance"
+    return doc, notes
+
+
+def save_bundle(
+    result: CompareResult,
+    model: Any = None,
+    feeds: Any = None,
+    dest: str | os.PathLike | None = None,
+    *,
+    zip: bool = False,
+    copy_model: bool = True,
+    compare_kwargs: Mapping[str, Any] | None = None,
+    tensors: Mapping[str, Any] | Sequence[str] | str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Save ``result`` as a rerunnable bundle at ``dest`` (a folder, or ``DEST.zip`` with ``zip=True``).
+
+    ``model``/``feeds``: default to what compare() used (``result.run_options["model"]``, ``result.used_feeds``);
+    a result read back from JSON needs both. ``copy_model=False`` keeps only the model's path and sha256.
+    ``compare_kwargs``: compare() options overriding the recorded ones (mode, memory_budget, keep_fp32,
+    calibration_feeds, cand_model, engine_options, ...). ``tensors``: ``{name: (ref, cand)}`` values, or
+    names (or "auto") to capture by running both engines once more on the first feed. Returns the path written.
+    """
+    if dest is None:
+        raise BundleError("save_bundle needs a destination", "pass dest='my_bundle' (a new folder)")
+    from ..inputs import feeds_from
+
+    opts = {**(result.run_options or {}), **dict(compare_kwargs or {})}
+    if "torch" in (result.reference.split(":")[0], result.candidate.split(":")[0]):
+        raise BundleError("a comparison that runs the torch engine cannot be bundled: the module is Python code, "
+                          "not a file", "compare its ONNX export on file-based engines (e.g. ref vs ort:fp16) and "
+                          "bundle that")
+    model = model if model is not None else (opts.get("model") or result.model.get("path"))
+    if model is None:
+        raise BundleError("the model is unknown (a result read from JSON without a model path)",
+                          "pass model= the .onnx file the comparison ran on")
+    feed_list = feeds_from(feeds) if feeds is not None else result.used_feeds
+    if not feed_list:
+        raise BundleError("the feeds are unknown (a result read from JSON keeps no arrays)",
+                          "pass feeds= the inputs the comparison ran on")
+    values = _tensor_values(result, tensors, model, feed_list)
+    writer = BundleWriter(dest, kind="compare", zip=zip, overwrite=overwrite)
+    try:
+        m = writer.manifest
+        m["model"] = writer.add_model("model", model, copy=copy_model, expected_sha=result.model.get("sha256"))
+        cand = opts.get("cand_model")
+        m["cand_model"] = None if cand is None else writer.add_model(
+            "cand_model", cand, copy=copy_model, expected_sha=(result.variant or {}).get("sha256"))
+        m["compare"], notes = _compare_options(result, opts)
+        m["engines"] = result.engines
+        m["variant"] = {k: v for k, v in (result.variant or {}).items() if k != "tensor_map"}
+        m["criterion"] = result.criterion.to_json()
+        m["feeds"] = {**(result.feeds or {}), "files": writer.add_feeds("inputs", feed_list)}
+        m["seeds"] = {"feeds": (result.feeds or {}).get("seed", opts.get("seed"))}
+        calib = opts.get("calibration_feeds")
+        m["calibration"] = None if calib is None else {"files": writer.add_feeds("calibration", feeds_from(calib))}
+        m["tensors"] = [{"tensor": name, "file": writer.add_arrays(f"tensors/tensor_{i:03d}.npz",
+                                                                   {"reference": ref, "candidate": cnd}),
+                         "feed": 0, "shape": list(np.shape(ref)), "dtype": [str(ref.dtype), str(cnd.dtype)]}
+                        for i, (name, (ref, cnd)) in enumerate(values.items())]
+        m["results"] = writer.add_json(RESULTS, result.to_json())
+        m["notes"] = notes
+        return writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _tensor_values(result, tensors, model, feeds) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    from .tensors import capture_tensors, normalize
+
+    if tensors is None:
+        return {}
+    if isinstance(tensors, Mapping):
+        return normalize(tensors)
+    try:
+        return capture_tensors(result, tensors, model, feeds)
+    except WorkbenchError as e:  # selected tensors are a bonus: never lose the bundle over them
+        log.warning("selected tensors not saved: %s", e)
+        return {}
+
+
+@dataclass
+class Bundle:
+    """A bundle opened for reading; every file it names has been checked to lie inside it."""
+
+    root: Path
+    manifest: dict
+    source: Path
+    _tmp: Path | None = field(default=None, repr=False)
+
+    @property
+    def result(self) -> CompareResult:
+        doc = read_json(confined(self.root, self.manifest.get("results", RESULTS), "manifest 'results'"),
+                        f"{self.source.name}: results.json", schema="workbench.compare/1")
+        try:
+            return CompareResult.from_json(doc)
+        except (KeyError, TypeError, ValueError) as e:
+            raise BundleError(f"{self.source.name}: results.json is incomplete ({type(e).__name__}: {e})") from None
+
+    def _files(self, section: Any, where: str) -> list[Path]:
+        if section is None:
+            return []
+        files = section.get("files") if isinstance(section, dict) else None
+        if not isinstance(files, list):
+            raise BundleError(f"{self.source.name}: manifest '{where}' lists no files")
+        return [confined(self.root, f, f"manifest '{where}'") for f in files]
+
+    def feeds(self) -> list[dict[str, np.ndarray]]:
+        files = self._files(self.manifest.get("feeds"), "feeds")
+        if not files:
+            raise BundleError(f"{self.source.name} holds no feeds")
+        return [load_npz(f, f"{self.source.name}: {f.relative_to(self.root.resolve()).as_posix()}") for f in files]
+
+    def calibration_feeds(self) -> list[dict[str, np.ndarray]] | None:
+        section = self.manifest.get("calibration")
+        if section is None:
+            return None
+        return [load_npz(f, f"{self.source.name}: {f.name}") for f in self._files(section, "calibration")]
+
+    def tensors(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        out = {}
+        for i, entry in enumerate(self.manifest.get("tensors") or []):
+            if not isinstance(entry, dict) or not isinstance(entry.get("tensor"), str):
+                raise BundleError(f"{self.source.name}: manifest 'tensors' entry {i} is malformed")
+            arrays = load_npz(confined(self.root, entry.get("file"), f"manifest 'tensors[{i}]'"),
+                              f"{self.source.name}: {entry.get('file')}")
+            if set(arrays) != {"reference", "candidate"}:
+                raise BundleError(f"{self.source.name}: {entry.get('file')} must hold 'reference' and 'candidate'")
+            out[entry["tensor"]] = (arrays["reference"], arrays["candidate"])
+        return out
+
+    def model_file(self, section: str = "model", override: str | os.PathLike | None = None) -> Path | None:
+        """The bundled copy (checked inside the bundle), or for a reference-only bundle the recorded path
+        (or ``override``). The caller checks the sha256 (see :meth:`load_model`)."""
+        entry = self.manifest.get(section)
+        if entry is None:
+            return None
+        if not isinstance(entry, dict):
+            raise BundleError(f"{self.source.name}: manifest '{section}' is malformed")
+        if override is not None:
+            return Path(override).expanduser()
+        if entry.get("copied", True):
+            target = confined(self.root, entry.get("file"), f"manifest '{section}.file'")
+            for f in entry.get("files") or []:  # external data: inside the bundle too
+                confined(self.root, f, f"manifest '{section}.files'")
+            return target
+        path = entry.get("path")
+        if not isinstance(path, str) or not path.lower().endswith(".onnx"):
+            raise UnsafeBundleError(f"{self.source.name}: manifest '{section}.path' {path!r} is not an .onnx path")
+        return Path(path)
+
+    def load_model(self, section: str = "model", override: str | os.PathLike | None = None):
+        """The model as a LoadedModel, refused unless its sha256 is the one the manifest records."""
+        from ..model.load import load_model
+
+        path = self.model_file(section, override)
+        if path is None:
+            return None
+        expected = self.manifest[section].get("sha256")
+        if not isinstance(expected, str):
+            raise BundleError(f"{self.source.name}: manifest '{section}' records no sha256")
+        if not path.exists():
+            raise BundleError(f"{section.replace('_', ' ')} file {path} not found (the bundle keeps only a "
+                              "reference to it)", "pass the model file: `workbench rerun BUNDLE --model PATH`")
+        loaded = load_model(path)
+        if loaded.fingerprint != expected:
+            raise ModelMismatchError(f"{section.replace('_', ' ')} {path.name} has sha256 {loaded.fingerprint}, "
+                                     f"the bundle recorded sha256 {expected}")
+        return loaded
+
+    def verify_files(self) -> None:
+        """Every file the manifest lists (except models, checked by fingerprint) still has its sha256."""
+        files = self.manifest.get("files") or {}
+        if not isinstance(files, dict):
+            raise BundleError(f"{self.source.name}: manifest 'files' is malformed")
+        model_files = {f for s in ("model", "cand_model") for f in ((self.manifest.get(s) or {}).get("files") or [])}
+        for rel, digest in files.items():
+            path = confined(self.root, rel, "manifest 'files'")
+            if rel in model_files:
+                continue
+            if sha256_file(path) != digest:
+                raise BundleError(f"{self.source.name}: {rel} changed since the bundle was written "
+                                  f"(sha256 {sha256_file(path)[:16]}..., recorded {str(digest)[:16]}...)",
+                                  "the bundle was edited or damaged; re-create it")
+
+    def check_arrays(self) -> None:
+        """Header checks of every array file the manifest names (no pickles, sane sizes), loading none."""
+        files = self._files(self.manifest.get("feeds"), "feeds") + self._files(self.manifest.get("calibration"),
+                                                                               "calibration")
+        for i, entry in enumerate(self.manifest.get("tensors") or []):
+            files.append(confined(self.root, entry.get("file") if isinstance(entry, dict) else None,
+                                  f"manifest 'tensors[{i}]'"))
+        for f in files:
+            check_npz(f, f"{self.source.name}: {f.relative_to(self.root.resolve()).as_posix()}")
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            remove_tree(self._tmp)
+            self._tmp = None
+
+    def __enter__(self) -> Bundle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_bundle(path: str | os.PathLike) -> Bundle:
+    """Open a bundle folder or .zip (extracted to a temporary folder after every entry is checked)."""
+    src = Path(path).expanduser()
+    if not src.exists():
+        raise BundleError(f"bundle not found: {src}", "check the path")
+    tmp = None
+    if src.is_dir():
+        root = src
+    elif zipfile.is_zipfile(src):
+        tmp = Path(tempfile.mkdtemp(prefix="workbench-bundle-"))
+        try:
+            safe_extract(src, tmp)
+        except BaseException:
+            remove_tree(tmp)
+            raise
+        root = tmp
+        inner = [p for p in tmp.iterdir()]
+        if not (tmp / MANIFEST).exists() and len(inner) == 1 and inner[0].is_dir():
+            root = inner[0]
+    else:
+        raise BundleError(f"{src} is neither a bundle folder nor a .zip")
+    try:
+        manifest_path = root / MANIFEST
+        if manifest_path.is_symlink():
+            raise UnsafeBundleError(f"{src.name}: manifest.json is a symlink; refusing it")
+        manifest = read_json(manifest_path, f"{src.name}: manifest.json", schema=SCHEMA)
+        for key in ("model", "compare", "feeds"):
+            if not isinstance(manifest.get(key), dict):
+                raise BundleError(f"{src.name}: manifest.json has no '{key}' section")
+        bundle = Bundle(root=root, manifest=manifest, source=src, _tmp=tmp)
+        bundle.verify_files()
+        bundle.check_arrays()
+        return bundle
+    except BaseException:
+        if tmp is not None:
+            remove_tree(tmp)
+        raise

@@ -1,0 +1,267 @@
+"""What changed between two comparisons (before/after a fix, two runtime versions): per-tensor metric
+changes, first divergent layer, culprits, verdict and versions."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..compare.metrics import encode_float, encode_metrics
+from ..compare.result import CompareResult
+from .env import diff_versions
+
+SCHEMA = "workbench.diff/1"
+
+
+def load_result(source: Any) -> CompareResult:
+    """A CompareResult from itself, a ``workbench.compare/1`` JSON file, or a bundle (folder or .zip)."""
+    from .bundle import MANIFEST, load_bundle
+    from .safety import BundleError, read_json
+
+    if isinstance(source, CompareResult):
+        return source
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise BundleError(f"not found: {path}", "pass a results JSON (`workbench compare --json`) or a bundle")
+    if path.is_dir() or path.suffix.lower() == ".zip" or path.name == MANIFEST:
+        with load_bundle(path.parent if path.name == MANIFEST else path) as bundle:
+            return bundle.result
+    doc = read_json(path, path.name, schema="workbench.compare/1")
+    try:
+        return CompareResult.from_json(doc)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{path.name} is an incomplete comparison result ({type(e).__name__}: {e})",
+                          "pass a file written by `workbench compare --json`") from None
+
+
+def delta(before: Any, after: Any) -> float | None:
+    """``after - before``; 0 for equal infinities; None when either is missing."""
+    if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
+        return None
+    if before == after:
+        return 0.0
+    with_nan = math.isnan(before) or math.isnan(after)
+    return math.nan if with_nan else float(after) - float(before)
+
+
+def _size(d: float | None) -> float:
+    if d is None:
+        return -1.0
+    return math.inf if not math.isfinite(d) else abs(d)
+
+
+@dataclass
+class TensorChange:
+    """One tensor compared in both results."""
+
+    tensor: str
+    node: str
+    op_type: str
+    topo_index: int
+    before: dict
+    after: dict
+    diverged_before: bool
+    diverged_after: bool
+
+    def change(self, metric: str) -> float | None:
+        return delta(self.before.get(metric), self.after.get(metric))
+
+    def to_json(self, metric: str) -> dict:
+        return {"tensor": self.tensor, "node": self.node, "op_type": self.op_type, "topo_index": self.topo_index,
+                "metric": metric, "before": encode_float(self.before.get(metric)),
+                "after": encode_float(self.after.get(metric)), "change": encode_float(self.change(metric)),
+                "diverged_before": self.diverged_before, "diverged_after": self.diverged_after,
+                "metrics_before": encode_metrics(self.before), "metrics_after": encode_metrics(self.after)}
+
+
+def _first(r: CompareResult) -> dict | None:
+    t = r.first_divergent
+    return None if t is None else {"tensor": t.tensor, "node": t.node, "op_type": t.op_type,
+                                   "topo_index": t.topo_index}
+
+
+def _culprits(r: CompareResult, metric: str) -> list[dict]:
+    return [{"node": c.node, "op_type": c.op_type, "introduces_divergence": c.introduces_divergence,
+             metric: encode_float(c.introduced.get(metric))} for c in r.culprits]
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+    elif isinstance(d, (str, int, float, bool)) or d is None:
+        out[prefix[:-1]] = d
+    else:
+        out[prefix[:-1]] = str(d)
+    return out
+
+
+def engine_versions(r: CompareResult) -> dict[str, Any]:
+    """``{"reference.onnxruntime": "1.20.1", ...}``: version-like fields of both engines' descriptions."""
+    flat = _flat(r.engines or {})
+    return {k: v for k, v in flat.items() if k == "workbench" or not k.endswith((".device", ".threads"))}
+
+
+@dataclass
+class ResultDiff:
+    """``before`` vs ``after``. ``tensors``: compared in both, in topological order."""
+
+    before: CompareResult
+    after: CompareResult
+    metric: str
+    tensors: list[TensorChange] = field(default_factory=list)
+    only_before: list[str] = field(default_factory=list)
+    only_after: list[str] = field(default_factory=list)
+    labels: tuple[str, str] = ("before", "after")
+
+    @property
+    def first_divergent_changed(self) -> bool:
+        a, b = _first(self.before), _first(self.after)
+        return (a and a["tensor"]) != (b and b["tensor"])
+
+    @property
+    def verdict_changed(self) -> bool:
+        return self.before.diverged != self.after.diverged
+
+    @property
+    def top_culprit_changed(self) -> bool:
+        def top(r):
+            flagged = [c.node for c in r.culprits if c.introduces_divergence]
+            return flagged[0] if flagged else None
+
+        return top(self.before) != top(self.after)
+
+    @property
+    def versions(self) -> dict[str, list]:
+        return diff_versions(engine_versions(self.before), engine_versions(self.after))
+
+    @property
+    def specs_changed(self) -> dict[str, list]:
+        out = {}
+        for key in ("reference", "candidate"):
+            a, b = getattr(self.before, key), getattr(self.after, key)
+            if a != b:
+                out[key] = [a, b]
+        if self.before.criterion != self.after.criterion:
+            out["criterion"] = [self.before.criterion.describe(), self.after.criterion.describe()]
+        sha_a, sha_b = self.before.model.get("sha256"), self.after.model.get("sha256")
+        if sha_a != sha_b:
+            out["model_sha256"] = [sha_a, sha_b]
+        return out
+
+    def largest(self, n: int = 10, metric: str | None = None) -> list[TensorChange]:
+        """Tensors whose ``metric`` changed most (infinite or NaN changes first), ties in topological order."""
+        m = metric or self.metric
+        moved = [t for t in self.tensors if (t.change(m) or 0.0) != 0.0 or t.diverged_before != t.diverged_after]
+        moved.sort(key=lambda t: (-_size(t.change(m)), t.topo_index))
+        return moved[:n]
+
+    def metrics_match(self, rel: float = 1e-4, abs_: float = 1e-9) -> bool:
+        """Every metric of every common tensor equal within tolerance, and no tensor added or removed."""
+        if self.only_before or self.only_after:
+            return False
+        for t in self.tensors:
+            for k in set(t.before) | set(t.after):
+                a, b = t.before.get(k), t.after.get(k)
+                if a == b:
+                    continue
+                if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+                    return False
+                if not (math.isfinite(a) and math.isfinite(b)) or abs(a - b) > abs_ + rel * max(abs(a), abs(b)):
+                    return False
+        return True
+
+    @property
+    def same_conclusion(self) -> bool:
+        """Same verdict, same first divergent tensor, same top culprit."""
+        return not (self.verdict_changed or self.first_divergent_changed or self.top_culprit_changed)
+
+    def to_json(self, top: int = 20) -> dict:
+        return {
+            "schema": SCHEMA,
+            "labels": list(self.labels),
+            "metric": self.metric,
+            "same_conclusion": self.same_conclusion,
+            "metrics_match": self.metrics_match(),
+            "verdict": {"before": self.before.diverged, "after": self.after.diverged, "changed": self.verdict_changed},
+            "first_divergent": {"before": _first(self.before), "after": _first(self.after),
+                                "changed": self.first_divergent_changed},
+            "culprits": {"before": _culprits(self.before, self.metric), "after": _culprits(self.after, self.metric),
+                         "top_changed": self.top_culprit_changed},
+            "specs_changed": self.specs_changed,
+            "versions_changed": self.versions,
+            "tensors_only_before": self.only_before,
+            "tensors_only_after": self.only_after,
+            "largest_changes": [t.to_json(self.metric) for t in self.largest(top)],
+            "tensors": [t.to_json(self.metric) for t in self.tensors],
+        }
+
+    def render(self, top: int = 10) -> str:
+        """A readable summary."""
+        from ..compare.text import fmt
+        from ..textfmt import table
+
+        a, b = self.labels
+        m = self.metric
+        lines = [f"{a}: {self.before.reference} vs {self.before.candidate} on {self.before.model.get('name')}; "
+                 f"{b}: {self.after.reference} vs {self.after.candidate} on {self.after.model.get('name')}"]
+        verdict = {True: "DIVERGED", False: "ok"}
+        lines.append(f"verdict: {verdict[self.before.diverged]} -> {verdict[self.after.diverged]}"
+                     + (" (changed)" if self.verdict_changed else " (same)"))
+        fa, fb = _first(self.before), _first(self.after)
+        lines.append(f"first divergent: {fa['tensor'] if fa else 'none'} -> {fb['tensor'] if fb else 'none'}"
+                     + (" (changed)" if self.first_divergent_changed else " (same)"))
+        ca = [c.node for c in self.before.culprits if c.introduces_divergence][:3]
+        cb = [c.node for c in self.after.culprits if c.introduces_divergence][:3]
+        lines.append(f"culprits: {', '.join(ca) or 'none'} -> {', '.join(cb) or 'none'}"
+                     + (" (top culprit changed)" if self.top_culprit_changed else ""))
+        for key, (x, y) in self.specs_changed.items():
+            lines.append(f"{key}: {x} -> {y}")
+        versions = self.versions
+        lines.append("engine versions: " + ("; ".join(f"{k} {x} -> {y}" for k, (x, y) in versions.items())
+                                            if versions else "unchanged"))
+        if self.only_before or self.only_after:
+            lines.append(f"tensors only in {a}: {len(self.only_before)}, only in {b}: {len(self.only_after)}")
+        moved = self.largest(top)
+        if moved:
+            lines += ["", f"largest {m} changes:", table(
+                ["#", "tensor", "op_type", a, b, "change", "diverged"],
+                [[t.topo_index, t.tensor, t.op_type, fmt(t.before.get(m), m), fmt(t.after.get(m), m),
+                  _fmt_change(t.change(m), m), f"{'yes' if t.diverged_before else 'no'} -> "
+                  f"{'yes' if t.diverged_after else 'no'}"] for t in moved])]
+        else:
+            lines.append(f"per-tensor {m}: no change")
+        return "\n".join(lines)
+
+
+def _fmt_change(d: float | None, metric: str) -> str:
+    if d is None:
+        return "-"
+    if not math.isfinite(d):
+        return "nan" if math.isnan(d) else ("+inf" if d > 0 else "-inf")
+    unit = " dB" if metric == "sqnr_db" else ""
+    return f"{d:+.3g}{unit}"
+
+
+def diff_results(before: Any, after: Any, *, metric: str | None = None,
+                 labels: tuple[str, str] = ("before", "after")) -> ResultDiff:
+    """Compare two results (CompareResult objects, results JSON files or bundles). ``metric``: the one ranked
+    (default: the ``before`` criterion's)."""
+    a, b = load_result(before), load_result(after)
+    m = metric or a.criterion.metric
+    by_b = {t.tensor: t for t in b.tensors}
+    names_a = {t.tensor for t in a.tensors}
+    changes = [TensorChange(t.tensor, t.node, t.op_type, t.topo_index, t.metrics, by_b[t.tensor].metrics,
+                            t.diverged, by_b[t.tensor].diverged) for t in a.tensors if t.tensor in by_b]
+    return ResultDiff(a, b, m, changes, [t.tensor for t in a.tensors if t.tensor not in by_b],
+                      [t.tensor for t in b.tensors if t.tensor not in names_a], labels)
+
+
+def label_of(source: Any) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source).name
+    return "result"

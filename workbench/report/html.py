@@ -1,0 +1,244 @@
+"""A self-contained HTML report of a comparison: one file, plotly.js inlined, no network access at all (a
+Content-Security-Policy forbids every fetch), readable offline and attachable to a bug report.
+
+Sections: summary (specs, model sha256, versions, criterion, verdict), culprits with explanations, FP16
+clamps, per-layer error curve, metric histograms, selected tensors' value histograms, op inventory, notes,
+every tensor's metrics, and the result JSON itself (``<script id="workbench-result">``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..compare.result import CompareResult
+
+log = logging.getLogger(__name__)
+
+#: no request of any kind may leave the page; inline scripts/styles and data: images (plot downloads) only
+CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
+       "img-src data: blob:; font-src data:; connect-src 'none'; frame-src 'none'; form-action 'none'; "
+       "base-uri 'none'")
+_PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; max-width: 1200px;
+       padding: 1rem 2rem; color: #222; }
+h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; border-bottom: 1px solid #ddd; padding-bottom: .2rem;
+     margin-top: 2rem; }
+table { border-collapse: collapse; margin: .5rem 0; font-size: .9rem; }
+th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: left; vertical-align: top; }
+th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: .85rem; }
+.verdict { font-weight: bold; padding: .1rem .5rem; border-radius: 3px; color: #fff; }
+.bad { background: #d62728; } .good { background: #2ca02c; }
+.plot { margin: 1rem 0; } .muted { color: #777; } details { margin: .5rem 0; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("-" if value is None else str(value), quote=True)
+
+
+def _num(value: Any, metric: str = "") -> str:
+    from ..compare.text import fmt
+
+    if isinstance(value, float) and math.isfinite(value) and metric != "sqnr_db":
+        return _e(f"{value:.4g}")
+    return _e(fmt(value, metric))
+
+
+def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] = frozenset(), raw: set[int] = frozenset()
+           ) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for i, v in enumerate(row):
+            text = v if i in raw else _e(v)
+            cells.append(f'<td class="num">{text}</td>' if i in numeric else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _kv(rows: list[tuple[str, str]]) -> str:
+    """Key/value table; values are already-escaped HTML."""
+    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _figure(fig) -> str:
+    return '<div class="plot">' + fig.to_html(include_plotlyjs=False, full_html=False, default_height="440px",
+                                              config=_PLOT_CONFIG) + "</div>"
+
+
+def _engine_text(desc: Any) -> str:
+    if not isinstance(desc, dict):
+        return _e(desc)
+    keep = {k: v for k, v in desc.items() if k not in ("distributions",) and v not in (None, [], {})}
+    return "<br>".join(f"<span class='muted'>{_e(k)}</span> {_e(v)}" for k, v in keep.items())
+
+
+def _inspection_json(result: CompareResult, inspection: Any) -> dict | None:
+    if inspection is None:
+        path = result.model.get("path")
+        if not path or not Path(path).is_file():
+            return None
+        from ..inspection import inspect_model
+
+        try:
+            found = inspect_model(path, probe=False)
+        except Exception as e:  # noqa: BLE001 - the inventory is an extra; a report must not fail over it
+            log.info("op inventory left out: %s", e)
+            return None
+        if found.model.fingerprint != result.model.get("sha256"):
+            log.info("op inventory left out: %s changed since the comparison", path)
+            return None
+        inspection = found
+    return inspection if isinstance(inspection, dict) else inspection.to_json()
+
+
+def _summary(result: CompareResult) -> str:
+    from .env import package_versions
+
+    first = result.first_divergent
+    m = result.criterion.metric
+    verdict = ('<span class="verdict bad">DIVERGED</span>' if result.diverged
+               else '<span class="verdict good">OK</span> every compared tensor is within the criterion')
+    if first is not None:
+        verdict += (f" first divergent tensor <code>{_e(first.tensor)}</code> (node <code>{_e(first.node)}</code>, "
+                    f"{_e(first.op_type)}, topological #{first.topo_index}; {_e(m)} {_num(first.metrics.get(m), m)})")
+    feeds = result.feeds or {}
+    engines = result.engines or {}
+    rows = [
+        ("verdict", verdict),
+        ("reference", f"<code>{_e(result.reference)}</code><br>{_engine_text(engines.get('reference'))}"),
+        ("candidate", f"<code>{_e(result.candidate)}</code><br>{_engine_text(engines.get('candidate'))}"),
+        ("model", f"{_e(result.model.get('name'))} ({_e(result.model.get('nodes'))} nodes)"),
+        ("model sha256", f"<code>{_e(result.model.get('sha256'))}</code>"),
+        ("criterion", _e(result.criterion.describe())),
+        ("mode", _e(f"{result.mode}, {result.builds} candidate builds, {len(result.tensors)} tensors compared")),
+        ("feeds", _e(", ".join(f"{k} {v}" for k, v in feeds.items() if v is not None))),
+        ("variant", _e((result.variant or {}).get("variant", "-")) + " " + _e((result.variant or {}).get("converter",
+                                                                                                        ""))),
+        ("time", _e(f"{(result.timing or {}).get('total_s', 0):.2f} s")),
+        ("workbench", _e(engines.get("workbench"))),
+        ("report written with", _e(", ".join(f"{k} {v}" for k, v in package_versions().items()))),
+    ]
+    return _kv(rows)
+
+
+def _culprits(result: CompareResult) -> str:
+    m = result.criterion.metric
+    if not result.culprits:
+        return "<p class='muted'>No culprit ranking (run with culprits on).</p>"
+    rows = [[i, f"<code>{_e(c.node)}</code>", c.op_type, _num(c.introduced.get(m), m), _num(c.received.get(m), m),
+             c.introduced.get("nonfinite_mismatch") or 0, "yes" if c.introduces_divergence else "no", c.explanation]
+            for i, c in enumerate(result.culprits, 1)]
+    return ("<p>Each node run alone on the candidate with the reference's inputs: the error it "
+            "<em>introduces</em>, against what it <em>received</em>.</p>"
+            + _table(["#", "node", "op_type", f"introduced {m}", f"received {m}", "non-finite", "introduces divergence",
+                      "explanation"], rows, numeric={0, 3, 4, 5}, raw={1, 3, 4}))
+
+
+def _clamps(result: CompareResult) -> str:
+    clamped = (result.variant or {}).get("clamped") or []
+    if not clamped:
+        return ""
+    rows = [[c.get("name"), c.get("kind"), f"{c.get('count')} of {c.get('size')}",
+             ", ".join(f"{a:.4g} -> {b:.4g}" for a, b in zip(c.get("original") or [], c.get("converted") or [])),
+             ", ".join(c.get("consumers") or [])] for c in clamped]
+    return ("<h2>Constants the converter changed</h2>"
+            + _table(["constant", "kind", "values changed", "original -> converted", "used by"], rows))
+
+
+def _tensors_table(result: CompareResult) -> str:
+    m = result.criterion.metric
+    metrics = [m] + [k for k in ("cosine", "max_abs", "norm_max_abs", "nonfinite_mismatch") if k != m]
+    rows = [[t.topo_index, t.tensor, t.op_type, *[_num(t.metrics.get(k), k) for k in metrics],
+             "DIVERGED" if t.diverged else "ok"] for t in sorted(result.tensors, key=lambda t: t.topo_index)]
+    return (f"<details><summary>all {len(rows)} compared tensors</summary>"
+            + _table(["#", "tensor", "op_type", *metrics, "verdict"], rows, numeric={0, 3, 4, 5, 6, 7},
+                     raw={3, 4, 5, 6, 7}) + "</details>")
+
+
+def _inventory(doc: dict | None) -> str:
+    if doc is None:
+        return "<p class='muted'>Not available (pass inspection=inspect_model(model)).</p>"
+    ops = doc.get("ops") or []
+    rows = [[o.get("op_type"), o.get("domain") or "ai.onnx", o.get("count"), o.get("since_version")] for o in ops]
+    opsets = ", ".join(f"{k or 'ai.onnx'} {v}" for k, v in (doc.get("opset_imports") or {}).items())
+    problems = doc.get("problems") or []
+    return (f"<p>opset imports: {_e(opsets)}; IR version {_e(doc.get('ir_version'))}; {_e(doc.get('nodes'))} nodes; "
+            f"{len(problems)} problem(s) found by onnx's checker.</p>"
+            + _table(["op_type", "domain", "count", "since_version"], rows, numeric={2, 3}))
+
+
+def render_report(result: CompareResult, *, inspection: Any = None, tensors: Mapping[str, Any] | None = None,
+                  title: str | None = None, metric: str | None = None) -> str:
+    """The report as one HTML string (see :func:`write_report`)."""
+    try:
+        import plotly.offline
+    except ImportError:
+        from ..errors import WorkbenchError
+
+        raise WorkbenchError("the HTML report needs plotly",
+                             "pip install plotly (or onnx-drift-workbench[ui])") from None
+    from ..plots import compare as plots
+    from .tensors import normalize
+
+    values = normalize(tensors)
+    title = title or f"{result.model.get('name', 'model')}: {result.reference} vs {result.candidate}"
+    parts = [
+        f"<h1>{_e(title)}</h1>",
+        "<h2>Summary</h2>", _summary(result),
+        "<h2>Culprits</h2>", _culprits(result), _clamps(result),
+        "<h2>Per-layer error</h2>", _figure(plots.layer_error_curve(result, metric)),
+        "<h2>Histograms</h2>", _figure(plots.metric_histogram(result, metric)),
+    ]
+    if result.culprits:
+        parts.append(_figure(plots.culprit_bars(result, metric)))
+    for name, (ref, cand) in values.items():
+        parts += [f"<h2>Tensor <code>{_e(name)}</code></h2>",
+                  f"<p class='muted'>shape {list(ref.shape)}, reference {ref.dtype}, candidate {cand.dtype} "
+                  "(first feed)</p>",
+                  _figure(plots.value_histograms(ref, cand, name)), _figure(plots.ref_vs_cand_scatter(ref, cand,
+                                                                                                    name=name))]
+        if ref.ndim >= 2:
+            parts.append(_figure(plots.channel_error_heatmap(ref, cand, axis=1, name=name)))
+    parts += ["<h2>Op inventory</h2>", _inventory(_inspection_json(result, inspection))]
+    if result.notes:
+        parts += ["<h2>Notes</h2>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in result.notes) + "</ul>"]
+    parts += ["<h2>Tensors</h2>", _tensors_table(result)]
+    doc = json.dumps(result.to_json(), allow_nan=False).replace("</", "<\\/")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_STYLE}</style>"
+        f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head>\n<body>\n'
+        + "\n".join(parts)
+        + f'\n<script type="application/json" id="workbench-result">{doc}</script>\n</body></html>\n'
+    )
+
+
+def write_report(result: CompareResult, path: str | os.PathLike, inspection: Any = None, *,
+                 tensors: Mapping[str, Any] | None = None, title: str | None = None,
+                 metric: str | None = None) -> Path:
+    """Write the self-contained HTML report of ``result`` to ``path`` (atomically).
+
+    ``inspection``: an :class:`~workbench.inspection.Inspection` or its JSON for the op inventory (default:
+    inspect the model file the result names, if it is still there and unchanged). ``tensors``:
+    ``{name: (reference, candidate)}`` values for value histograms (see :func:`workbench.report.capture_tensors`,
+    or ``Bundle.tensors()``). ``metric``: the metric plotted (default: the criterion's)."""
+    from .._atomic import atomic_write_text
+
+    text = render_report(result, inspection=inspection, tensors=tensors, title=title, metric=metric)
+    out = atomic_write_text(path, text)
+    log.info("wrote report %s (%.1f MiB)", out, len(text) / 1024**2)
+    return out

@@ -1,0 +1,118 @@
+"""Rerun a bundle: the same model (sha256-checked), feeds, specs and options; then say what changed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from ..compare.result import CompareResult
+from .bundle import Bundle, load_bundle
+from .diff import ResultDiff, diff_results
+from .env import diff_versions, package_versions
+from .safety import BundleError
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "workbench.rerun/1"
+
+
+@dataclass
+class RerunReport:
+    """The saved result, the new one, and what differs."""
+
+    bundle: str
+    saved: CompareResult
+    result: CompareResult
+    diff: ResultDiff
+    versions_changed: dict[str, list]
+
+    @property
+    def reproduced(self) -> bool:
+        """Same verdict, same first divergent tensor and same top culprit as the saved result."""
+        return self.diff.same_conclusion
+
+    @property
+    def exit_code(self) -> int:
+        """0: no divergence now; 1: divergence now (reproduced or not: see :attr:`reproduced`)."""
+        return 1 if self.result.diverged else 0
+
+    def to_json(self) -> dict:
+        diff = self.diff.to_json()
+        first = diff["first_divergent"]
+        return {
+            "schema": SCHEMA,
+            "bundle": self.bundle,
+            "reproduced": self.reproduced,
+            "metrics_match": diff["metrics_match"],
+            "diverged": self.result.diverged,
+            "exit_code": self.exit_code,
+            "first_divergent": {"saved": first["before"], "now": first["after"], "changed": first["changed"]},
+            "versions_changed": self.versions_changed,
+            "diff": diff,
+            "result": self.result.to_json(),
+        }
+
+    def render(self) -> str:
+        d = self.diff
+        head = (f"rerun of {self.bundle}: " + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
+                + (" (metrics identical)" if d.metrics_match() else " (metrics drifted)"))
+        lines = [head]
+        versions = self.versions_changed
+        lines.append("package versions since the bundle was made: " + (
+            "; ".join(f"{k} {a or 'absent'} -> {b or 'absent'}" for k, (a, b) in versions.items())
+            if versions else "unchanged"))
+        lines.append(d.render())
+        return "\n".join(lines)
+
+
+def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike | None = None,
+                 cand_model: str | os.PathLike | None = None, isolate: bool | None = None,
+                 timeout_s: float | None = None, progress: Any = None) -> RerunReport:
+    """Re-execute the comparison a bundle recorded and compare with its saved results.
+
+    The model (and candidate model) must hash to the recorded sha256, else :class:`ModelMismatchError`.
+    ``model``: the file to use for a bundle that keeps only a reference to its model."""
+    from ..compare.api import compare
+    from ..compare.criterion import Criterion
+
+    b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+    try:
+        m = b.manifest
+        opts = m["compare"]
+        if not opts.get("rerunnable", True):
+            raise BundleError(f"{b.source.name} cannot be rerun: {opts.get('why_not_rerunnable', 'unknown reason')}",
+                              "rerun that comparison from Python, where the engine object exists")
+        saved = b.result
+        loaded = b.load_model("model", model)
+        cand = b.load_model("cand_model", cand_model) if m.get("cand_model") else None
+        try:
+            criterion = Criterion.from_json(opts["criterion"])
+            kwargs = {
+                "mode": opts.get("mode", "auto"), "memory_budget": opts.get("memory_budget"),
+                "keep_fp32": list(opts.get("keep_fp32") or ()), "inline_branches": bool(opts.get("inline_branches",
+                                                                                                True)),
+                "culprits": bool(opts.get("culprits", True)), "max_culprits": int(opts.get("max_culprits", 10)),
+                "engine_options": dict(opts.get("engine_options") or {}),
+                "isolate": isolate if isolate is not None else opts.get("isolate"),
+                "timeout_s": timeout_s if timeout_s is not None else opts.get("timeout_s"),
+            }
+            reference, candidate = str(opts["reference"]), str(opts["candidate"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise BundleError(f"{b.source.name}: manifest 'compare' is malformed ({type(e).__name__}: {e})") from None
+        feeds = b.feeds()
+        calib = b.calibration_feeds()
+        log.info("rerunning %s vs %s on %s (%d feeds)", reference, candidate, loaded.name, len(feeds))
+        result = compare(loaded, reference, candidate, feeds=feeds, cand_model=cand, criterion=criterion,
+                         calibration_feeds=calib, progress=progress, **kwargs)
+        result.model["path"] = None if b._tmp is not None else result.model.get("path")
+        diff = diff_results(saved, result, labels=("saved", "now"))
+        then = dict(m["versions"]) if isinstance(m.get("versions"), dict) else {}
+        then["python"] = m.get("python")
+        now = {**package_versions(), "python": platform.python_version()}
+        return RerunReport(str(b.source), saved, result, diff, diff_versions(then, now))
+    finally:
+        if not isinstance(bundle, Bundle):
+            b.close()
