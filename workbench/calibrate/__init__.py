@@ -1,0 +1,40 @@
+"""INT8 calibration diagnostics: streaming histograms of every activation, ranges by max / percentile /
+entropy (TensorRT's) / mse, their quantization error from the histograms, tensors ranked by sensitivity, a sweep
+on the model's outputs, representativeness of the calibration data, TensorRT caches and ORT tables, QDQ models.
+
+    from workbench.calibrate import calibrate
+    report = calibrate("model.onnx", "calib_feeds/", eval_data="eval_feeds/", sweep=True)
+    report.sensitivity_frame(); report.write_trt_cache("model.cache", "entropy"); report.save_qdq("m.int8.onnx")
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "calibrate": "workbench.calibrate.api",
+    "CalibrationReport": "workbench.calibrate.report",
+    "ImportedThresholds": "workbench.calibrate.report",
+    "TensorHistogram": "workbench.calibrate.histogram",
+    "QuantError": "workbench.calibrate.errors",
+    "SensitivityEntry": "workbench.calibrate.errors",
+    "Representativeness": "workbench.calibrate.represent",
+    "SweepResult": "workbench.calibrate.sweep",
+    "SweepEntry": "workbench.calibrate.sweep",
+    "TrtCache": "workbench.calibrate.formats",
+    "CalibrationError": "workbench.calibrate.exceptions",
+    "CacheFormatError": "workbench.calibrate.exceptions",
+    "METHODS": "workbench.calibrate.methods",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'workbench.calibrate' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,161 @@
+"""``calibrate()``: histograms over calibration data, ranges by several methods, their errors, sensitivity,
+representativeness against evaluation data, and an optional sweep on the model's outputs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .collect import activation_tensors, collect
+from .errors import rank_sensitivity, tensor_errors
+from .exceptions import CalibrationError
+from .histogram import check_num_bins
+from .methods import DEFAULT_PERCENTILE, METHODS, check_methods, check_percentile, compute_amax
+from .report import CalibrationReport, ModelRef
+from .represent import compare_histograms
+from .sweep import TOP_K, run_sweep
+
+log = logging.getLogger(__name__)
+
+#: evaluation feeds kept with the report (and used by the sweep and the QDQ check)
+SAMPLE_FEEDS = 4
+
+
+def calibrate(
+    model: Any,
+    data: Any,
+    *,
+    methods: Sequence[str] = METHODS,
+    method: str | None = None,
+    percentile: float = DEFAULT_PERCENTILE,
+    num_bins: int = 2048,
+    eval_data: Any = None,
+    memory_budget: str | int | None = None,
+    seed: int = 0,
+    input_shapes: dict[str, list[int]] | Sequence[str] | None = None,
+    sweep: bool = False,
+    top_k: int = TOP_K,
+    progress: Callable[[float, str], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> CalibrationReport:
+    """Calibrate ``model`` (path, bytes, ModelProto, LoadedModel) on ``data`` and report.
+
+    ``data``/``eval_data``: anything :func:`workbench.inputs.feeds_from` takes (a dict, a list of dicts, an .npz,
+    a folder of .npz, a Polygraphy inputs JSON) or an int N for N seeded random feeds (``seed``; evaluation
+    feeds use ``seed + 1``; ``input_shapes`` fixes dynamic dims). ``methods``: the ranges computed (max,
+    percentile at ``percentile``, entropy, mse); ``method``: the one sensitivity, representativeness and the
+    sweep use (default: entropy if computed, else the first). ``sweep``: run the top-``top_k`` sweep.
+    """
+    from ..compare.budget import parse_size
+    from ..model.load import load_model
+
+    t_start = time.perf_counter()
+    methods = check_methods(methods)
+    chosen = check_methods(method)[0] if method else ("entropy" if "entropy" in methods else methods[0])
+    if chosen not in methods:
+        methods = (*methods, chosen)
+    percentile = check_percentile(percentile)
+    num_bins = check_num_bins(num_bins)
+    budget = parse_size(memory_budget)
+    loaded = load_model(model)
+    shapes = _shapes(input_shapes)
+    feeds = resolve_feeds(loaded, data, seed, shapes, "data")
+    eval_feeds = resolve_feeds(loaded, eval_data, seed + 1, shapes, "eval_data") if eval_data is not None else None
+    tensors = activation_tensors(loaded)
+    if not tensors:
+        raise CalibrationError("the model has no float activation tensors to calibrate")
+    spans = _spans(eval_feeds is not None, sweep)
+    notes: list[str] = []
+    timing: dict[str, float] = {}
+
+    calib = collect(loaded, feeds, tensors, num_bins=num_bins, budget=budget, progress=progress, cancel=cancel,
+                    span=spans["calib"])
+    timing["collect_s"] = calib.seconds
+    if calib.chunks > 1:
+        notes.append(f"{len(tensors)} tensors collected in {calib.chunks} chunks to stay under the memory budget")
+    tensors = [t for t in tensors if t in calib.histograms]
+    hists = calib.histograms
+    nonfinite = [t for t in tensors if hists[t].nonfinite]
+    if nonfinite:
+        notes.append(f"{len(nonfinite)} tensor(s) hold NaN/inf ({', '.join(nonfinite[:3])}); those values are "
+                     "counted apart and left out of ranges and errors")
+
+    t0 = time.perf_counter()
+    ranges = {m: {t: compute_amax(hists[t], m, percentile) for t in tensors} for m in methods}
+    errors = {t: tensor_errors(hists[t], {m: ranges[m][t] for m in methods}) for t in tensors}
+    sensitivity = rank_sensitivity(errors, chosen, tensors)
+    timing["ranges_s"] = time.perf_counter() - t0
+
+    report = CalibrationReport(
+        model=ModelRef(loaded.name, loaded.fingerprint), method=chosen, tensors=tensors, histograms=hists,
+        ranges=ranges, errors=errors, sensitivity=sensitivity,
+        config={"methods": list(methods), "method": chosen, "percentile": percentile, "num_bins": num_bins,
+                "feeds": len(feeds), "eval_feeds": len(eval_feeds) if eval_feeds else 0, "seed": seed,
+                "memory_budget": budget, "chunks": calib.chunks, "input_shapes": shapes or None},
+        skipped=calib.skipped, notes=notes, timing=timing, source_model=loaded,
+        sample_feeds=(eval_feeds or feeds)[:SAMPLE_FEEDS],
+    )
+    if eval_feeds is not None:
+        evaluation = collect(loaded, eval_feeds, tensors, num_bins=num_bins, budget=budget, progress=progress,
+                             cancel=cancel, span=spans["eval"])
+        timing["eval_collect_s"] = evaluation.seconds
+        report.eval_histograms = evaluation.histograms
+        report.representativeness = compare_histograms(hists, evaluation.histograms, ranges[chosen], chosen,
+                                                       percentile)
+    if sweep:
+        t0 = time.perf_counter()
+        top = [e.tensor for e in sensitivity if hists[e.tensor].dtype == "float32"][:max(0, int(top_k))]
+        amax = {t: a for t, a in report.usable_ranges(chosen).items() if hists[t].dtype == "float32"}
+        report.sweep = run_sweep(loaded.proto, amax, top, report.sample_feeds, chosen, cancel=cancel,
+                                 progress=_sub(progress, spans["sweep"]))
+        timing["sweep_s"] = time.perf_counter() - t0
+    timing["total_s"] = time.perf_counter() - t_start
+    if progress is not None:
+        progress(1.0, "done")
+    return report
+
+
+def resolve_feeds(loaded, data: Any, seed: int, shapes: dict | None, what: str) -> list[dict[str, np.ndarray]]:
+    """Checked feeds from ``data`` (see :func:`calibrate`)."""
+    from ..inputs import check_feeds, random_feeds
+
+    if isinstance(data, bool) or data is None:
+        raise CalibrationError(f"{what}: give feeds or a number of random feeds, not {data!r}")
+    if isinstance(data, (int, np.integer)):
+        if data < 1:
+            raise CalibrationError(f"{what}: {data} random feeds is not a positive number", "give N >= 1")
+        return random_feeds(loaded.proto, seed=seed, count=int(data), shapes=shapes)
+    feeds = check_feeds(loaded.proto, data)
+    if not feeds:
+        raise CalibrationError(f"{what} holds no feeds", "give at least one feed")
+    return feeds
+
+
+def _shapes(input_shapes) -> dict[str, list[int]] | None:
+    if not input_shapes:
+        return None
+    if isinstance(input_shapes, dict):
+        return {str(k): [int(d) for d in v] for k, v in input_shapes.items()}
+    from ..inputs import parse_shape_overrides
+
+    return parse_shape_overrides(input_shapes)
+
+
+def _spans(has_eval: bool, has_sweep: bool) -> dict[str, tuple[float, float]]:
+    weights = {"calib": 1.0, "eval": 0.6 if has_eval else 0.0, "sweep": 0.6 if has_sweep else 0.0}
+    total, start, out = sum(weights.values()), 0.0, {}
+    for name, w in weights.items():
+        out[name] = (start / total, (start + w) / total)
+        start += w
+    return out
+
+
+def _sub(progress, span: tuple[float, float]):
+    if progress is None:
+        return None
+    return lambda fraction, message: progress(span[0] + (span[1] - span[0]) * fraction, message)
