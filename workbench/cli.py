@@ -146,6 +146,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         written += [f"ORT calibration table: {p}" for p in report.write_ort_table(args.ort_table)]
     if args.qdq:
         written.append(f"QDQ model ({report.method}): {report.save_qdq(args.qdq)}")  # checked against FP32 too
+    if args.report:
+        from .report.calibration_html import write_calibration_report
+
+        written.append(f"report: {write_calibration_report(report, args.report)}")
+    if args.bundle:
+        from .calibrate.bundle import save_calibration_bundle
+
+        written.append(f"bundle: {save_calibration_bundle(report, args.bundle, zip=args.bundle.endswith('.zip'))}")
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
@@ -251,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
     p.add_argument("--top", type=int, default=5, metavar="N", help="rows per section in the summary (default 5)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.calibrate/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report (histograms with "
+                   "each method's threshold, sensitivity, representativeness)")
+    p.add_argument("--bundle", metavar="DIR", help="save model, feeds, options and results as a bundle that "
+                   "`workbench rerun` recollects (DIR.zip for a zip)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("rerun", help="rerun a bundle (same model, feeds, specs, options) and say what changed")

@@ -98,7 +98,7 @@ def calibrate(
                 "feeds": len(feeds), "eval_feeds": len(eval_feeds) if eval_feeds else 0, "seed": seed,
                 "memory_budget": budget, "chunks": calib.chunks, "input_shapes": shapes or None},
         skipped=calib.skipped, notes=notes, timing=timing, source_model=loaded,
-        sample_feeds=(eval_feeds or feeds)[:SAMPLE_FEEDS],
+        sample_feeds=(eval_feeds or feeds)[:SAMPLE_FEEDS], used_feeds=feeds, used_eval_feeds=eval_feeds,
     )
     if eval_feeds is not None:
         evaluation = collect(loaded, eval_feeds, tensors, num_bins=num_bins, budget=budget, progress=progress,

@@ -102,6 +102,8 @@ class CalibrationReport:
     #: not serialised: the loaded model and a few feeds, for to_qdq() / check_qdq() after calibrate()
     source_model: Any = field(default=None, repr=False, compare=False)
     sample_feeds: list | None = field(default=None, repr=False, compare=False)
+    used_feeds: list | None = field(default=None, repr=False, compare=False)  # for bundles: the exact feeds
+    used_eval_feeds: list | None = field(default=None, repr=False, compare=False)
     _variants: dict = field(default_factory=dict, repr=False, compare=False)  # QDQ variants of source_model
 
     @property

@@ -421,8 +421,8 @@ class Bundle:
 
     def check_arrays(self) -> None:
         """Header checks of every array file the manifest names (no pickles, sane sizes), loading none."""
-        files = self._files(self.manifest.get("feeds"), "feeds") + self._files(self.manifest.get("calibration"),
-                                                                               "calibration")
+        files = [f for section in ("feeds", "calibration", "eval_feeds")
+                 for f in self._files(self.manifest.get(section), section)]
         for i, entry in enumerate(self.manifest.get("tensors") or []):
             files.append(confined(self.root, entry.get("file") if isinstance(entry, dict) else None,
                                   f"manifest 'tensors[{i}]'"))
@@ -467,7 +467,8 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
         if manifest_path.is_symlink():
             raise UnsafeBundleError(f"{src.name}: manifest.json is a symlink; refusing it")
         manifest = read_json(manifest_path, f"{src.name}: manifest.json", schema=SCHEMA)
-        for key in ("model", "compare", "feeds"):
+        kind = manifest.get("kind", "compare")
+        for key in ("model", "calibrate" if kind == "calibrate" else "compare", "feeds"):
             if not isinstance(manifest.get(key), dict):
                 raise BundleError(f"{src.name}: manifest.json has no '{key}' section")
         bundle = Bundle(root=root, manifest=manifest, source=src, _tmp=tmp)

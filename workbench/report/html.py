@@ -182,13 +182,7 @@ def _inventory(doc: dict | None) -> str:
 def render_report(result: CompareResult, *, inspection: Any = None, tensors: Mapping[str, Any] | None = None,
                   title: str | None = None, metric: str | None = None) -> str:
     """The report as one HTML string (see :func:`write_report`)."""
-    try:
-        import plotly.offline
-    except ImportError:
-        from ..errors import WorkbenchError
-
-        raise WorkbenchError("the HTML report needs plotly",
-                             "pip install plotly (or onnx-drift-workbench[ui])") from None
+    require_plotly()
     from ..plots import compare as plots
     from .tensors import normalize
 
@@ -215,7 +209,26 @@ def render_report(result: CompareResult, *, inspection: Any = None, tensors: Map
     if result.notes:
         parts += ["<h2>Notes</h2>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in result.notes) + "</ul>"]
     parts += ["<h2>Tensors</h2>", _tensors_table(result)]
-    doc = json.dumps(result.to_json(), allow_nan=False).replace("</", "<\\/")
+    return page(title, parts, result.to_json())
+
+
+def require_plotly() -> None:
+    """Reports draw with plotly: say how to get it when it is missing."""
+    try:
+        import plotly.offline  # noqa: F401
+    except ImportError:
+        from ..errors import WorkbenchError
+
+        raise WorkbenchError("the HTML report needs plotly",
+                             "pip install plotly (or onnx-drift-workbench[ui])") from None
+
+
+def page(title: str, parts: list[str], data: dict) -> str:
+    """The self-contained HTML page: CSP, style, plotly.js inline, ``parts`` (HTML), and ``data`` as embedded
+    JSON (``<script id="workbench-result">``) so the numbers travel with the pictures."""
+    import plotly.offline
+
+    doc = json.dumps(data, allow_nan=False).replace("</", "<\\/")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'

@@ -70,7 +70,7 @@ class RerunReport:
 
 def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike | None = None,
                  cand_model: str | os.PathLike | None = None, isolate: bool | None = None,
-                 timeout_s: float | None = None, progress: Any = None) -> RerunReport:
+                 timeout_s: float | None = None, progress: Any = None) -> RerunReport:  # or CalibrationRerun
     """Re-execute the comparison a bundle recorded and compare with its saved results.
 
     The model (and candidate model) must hash to the recorded sha256, else :class:`ModelMismatchError`.
@@ -79,6 +79,10 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
     from ..compare.criterion import Criterion
 
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+    if b.manifest.get("kind") == "calibrate":  # a calibration bundle: collect again, compare thresholds
+        from ..calibrate.bundle import rerun_calibration
+
+        return rerun_calibration(b, model=model)
     try:
         m = b.manifest
         opts = m["compare"]
