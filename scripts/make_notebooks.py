@@ -1,8 +1,10 @@
-"""Write the notebooks in notebooks/ from their cell sources, then execute them in place (outputs saved).
+"""Write the notebooks in notebooks/ from their cell sources, then execute them in place (outputs and widget state
+saved, so they render in viewers before anyone runs them).
 
-    python scripts/make_notebooks.py [--no-execute]
+    python scripts/make_notebooks.py [--no-execute] [NAME ...]
 
-The notebooks are generated so that their code stays reviewable here; tests execute them again.
+The notebooks are generated so that their code stays reviewable here; tests execute them again. Everything runs
+offline on the CPU, on the bundled sample models; exports go to temporary folders, never into notebooks/.
 """
 
 from __future__ import annotations
@@ -17,53 +19,213 @@ from nbclient import NotebookClient
 REPO = Path(__file__).resolve().parents[1]
 NB_DIR = REPO / "notebooks"
 
+#: every notebook starts with this: plotly figures as plotly's JSON mimetype (JupyterLab and VS Code render it
+#: offline; no plotly.js copy saved per notebook)
+PLOTLY_SETUP = """import plotly.io as pio
+
+pio.renderers.default = "plotly_mimetype"  # offline rendering in JupyterLab; keeps the saved notebook small"""
+
 QUICKSTART = [
     ("md", """# onnx-drift-workbench: quick start
 
-This notebook loads a bundled sample model and shows what the workbench knows about it: graph structure,
-opset inventory, which runtimes can take it, and what onnx's checker says. Run it top to bottom
-(*Run > Run All Cells*). Everything runs offline on the CPU."""),
-    ("code", """from pathlib import Path
+**Run the notebook** (*Run > Run All Cells*), then use the workbench right below: open **Compare**, press **Run**
+and the workbench finds the layer where FP16 drifts from FP32 and the node that causes it. Click a culprit or a
+point of the error curve to see that layer's values; the **Graph** tab shows where it sits in the model.
+Everything runs offline on the CPU, on a bundled sample model with a planted fault."""),
+    ("code", f"""{PLOTLY_SETUP}
+from pathlib import Path
 
-import pandas as pd
+from workbench import Workbench
+
+SAMPLES = Path("../sample_models").resolve()
+wb = Workbench(SAMPLES / "fp16_clamp_constant.onnx")  # FP32 (ort) vs FP16 (ort:fp16) by default
+wb"""),
+    ("md", """The rest of this notebook does the same from code: each panel is a thin view over these functions.
+
+## Load and inspect
+`inspect_model` accepts a path, bytes, an `onnx.ModelProto` or a `torch.nn.Module` with example inputs."""),
+    ("code", """import pandas as pd
 
 import workbench
 from workbench import inspect_model
 
-SAMPLES = Path("../sample_models").resolve()
-model_path = SAMPLES / "cnn_fp16_overflow.onnx"
-print("workbench", workbench.__version__)"""),
-    ("md", "## Load and inspect\n`inspect_model` accepts a path, bytes, an `onnx.ModelProto` or a "
-           "`torch.nn.Module` with example inputs."),
-    ("code", """result = inspect_model(model_path)
+model_path = SAMPLES / "fp16_clamp_constant.onnx"
+result = inspect_model(model_path)
 doc = result.to_json()
-print(f"{doc['model']['name']}: {doc['nodes']} nodes, {doc['params']['count']:,} parameters, "
-      f"opsets {doc['opset_imports']}, sha256 {doc['model']['sha256'][:16]}")
+print(f"workbench {workbench.__version__}: {doc['model']['name']}: {doc['nodes']} nodes, "
+      f"{doc['params']['count']:,} parameters, opsets {doc['opset_imports']}, sha256 {doc['model']['sha256'][:16]}")
 kinds = ["input"] * len(doc["inputs"]) + ["output"] * len(doc["outputs"])
 pd.DataFrame(doc["inputs"] + doc["outputs"], index=kinds)"""),
     ("md", "## Opset inventory\nEach operator type, how often it is used, and the opset version its schema "
            "dates from."),
+    ("code", """from workbench.plots.inventory import inventory_bar
+
+inventory_bar(result)"""),
     ("code", "result.inventory.to_frame()"),
-    ("md", "## Graph in topological order\nThe order a layer-wise comparison walks."),
-    ("code", """g = result.model.graph
-pd.DataFrame([{"topo": n.topo_index, "node": n.name, "op_type": n.op_type,
-               "output": n.outputs[0], "shape": g.tensors[n.outputs[0]].shape} for n in g.nodes])"""),
     ("md", "## Will my runtime take it?\nFrom the package's compatibility tables (each row names its source), "
            "and a real ONNX Runtime session built here."),
     ("code", """pd.DataFrame([{"target": c["target"], "model opset": c["model_opset"], "max opset": c["max_opset"],
                "ok": c["ok"], "unsupported": ", ".join(u["op_type"] for u in c["unsupported"])}
               for c in doc["compatibility"]])"""),
     ("code", "pd.DataFrame(doc[\"probes\"])"),
-    ("md", "## The sample models and their planted faults\nLater panels find each of these."),
+    ("md", """## FP32 vs FP16: where and why
+`compare` runs both sides layer by layer. *Where*: the first tensor over the tolerance. *Why*: every node also
+runs alone on the candidate with the reference's inputs, and nodes are ranked by the error they **introduce**."""),
+    ("code", """from workbench.compare.api import compare
+
+cmp = compare(model_path, "ort", "ort:fp16", seed=0)
+first = cmp.first_divergent
+print(f"first divergent: {first.node} ({first.op_type}), SQNR {first.metrics['sqnr_db']:.1f} dB")
+culprit = cmp.culprits[0]
+print(f"culprit: {culprit.node}\\n  {culprit.explanation}")
+cmp.culprits_frame()[["rank", "node", "op_type", "introduced_sqnr_db", "received_sqnr_db", "explanation"]]"""),
+    ("md", "## Plots\nThe per-layer error curve with the tolerance and the first divergent layer marked:"),
+    ("code", """from workbench.plots.compare import culprit_bars, layer_error_curve
+
+layer_error_curve(cmp)"""),
+    ("code", "culprit_bars(cmp)"),
+    ("md", """The culprit's values on both sides (the comparison keeps statistics, not arrays: `tensor_values` runs both
+engines once more with that one tensor marked):"""),
+    ("code", """from workbench.inspect_tensor import tensor_values
+from workbench.plots.compare import channel_error_heatmap, ref_vs_cand_scatter, value_histograms
+
+ref, cand = tensor_values(model_path, "ort", "ort:fp16", culprit.tensor, cmp.used_feeds)
+value_histograms(ref, cand, culprit.tensor)"""),
+    ("code", "ref_vs_cand_scatter(ref, cand, name=culprit.tensor)"),
+    ("code", "channel_error_heatmap(ref, cand, axis=1, name=culprit.tensor)  # one channel carries the error"),
+    ("md", "## The graph, coloured by the error each node introduces"),
+    ("code", """from workbench.plots.graph import GraphView, graph_figure
+
+graph_figure(GraphView.from_graph(result.model.graph), overlay="introduced", result=cmp)"""),
+    ("md", """## FP16 arithmetic overflow
+ONNX Runtime's CPU provider computes most FP16 ops in FP32, so an activation overflow does not show on `ort:fp16`.
+`ref:fp16` runs the FP16 model in numpy float16 arithmetic and shows it on a CPU:"""),
+    ("code", """cnn = compare(SAMPLES / "cnn_fp16_overflow.onnx", "ort", "ref:fp16")
+print(cnn.first_divergent.node, "|", cnn.culprits[0].explanation)"""),
+    ("md", "## The sample models and their planted faults"),
     ("code", """import json
+
 manifest = json.loads((SAMPLES / "manifest.json").read_text())
 pd.DataFrame([{"model": m["name"], "nodes": m["nodes"], "fault": (m["fault"] or {}).get("kind"),
-               "node": (m["fault"] or {}).get("node")} for m in manifest["models"]])"""),
+               "node": (m["fault"] or {}).get("node"), "pair": (m["fault"] or {}).get("pair")}
+              for m in manifest["models"]])"""),
     ("md", "## Problems\nonnx's full checker and shape inference, reported as a list rather than raised."),
     ("code", "pd.DataFrame(doc[\"problems\"], columns=[\"severity\", \"code\", \"message\", \"node\"])"),
 ]
 
-NOTEBOOKS = {"quickstart.ipynb": QUICKSTART}
+CALIBRATION = [
+    ("md", """# INT8 calibration debugging
+
+An INT8 model is only as good as its activation ranges. This notebook calibrates a sample MLP whose
+`/mlp/fc2/Add` output carries one outlier channel (~300x the rest), compares the range methods (max, percentile,
+TensorRT's entropy, mse) on each tensor's histogram, checks that the calibration data represents the evaluation
+data, and exports a TensorRT calibration cache and a QDQ model. The panel below does all of it by clicking:
+**Calibrate**, then pick a tensor."""),
+    ("code", f"""{PLOTLY_SETUP}
+import tempfile
+from pathlib import Path
+
+from workbench.ui import CalibrationPanel
+
+SAMPLES = Path("../sample_models").resolve()
+model_path = SAMPLES / "int8_outlier.onnx"
+panel = CalibrationPanel(model_path)
+panel"""),
+    ("md", "## Calibrate\n32 random calibration feeds, 8 evaluation feeds (another seed), every range method."),
+    ("code", """from workbench.calibrate import calibrate
+
+report = calibrate(model_path, 32, eval_data=8, seed=0)
+report.sensitivity_frame()[["rank", "tensor", "method", "amax", "worst_sqnr_db", "clipped_fraction",
+                            "best_method", "best_worst_sqnr_db"]]"""),
+    ("md", """## The most sensitive tensor's histogram
+Log counts; each method's threshold as a vertical line with the fraction of values it clips and the worst-case
+SQNR it leaves; the evaluation data overlaid."""),
+    ("code", """from workbench.plots.calibration import calibration_histogram, sensitivity_bars
+
+worst = report.sensitivity[0].tensor
+calibration_histogram(report, worst)"""),
+    ("code", "sensitivity_bars(report)"),
+    ("code", """report.errors_frame().query("tensor == @worst")"""),
+    ("md", "## Is the calibration data representative?"),
+    ("code", """report.representativeness_frame()[["tensor", "flagged", "calib_amax", "eval_amax", "beyond_fraction",
+                                     "js_distance", "reasons"]]"""),
+    ("md", "## Export\nA TensorRT calibration cache (TRT <= 10) and an explicit QDQ model (what TensorRT 11 takes), "
+           "into a temporary folder."),
+    ("code", """out = Path(tempfile.mkdtemp(prefix="workbench-calib-"))
+cache = report.write_trt_cache(out / "int8_outlier.cache", "percentile")
+qdq = report.save_qdq(out / "int8_outlier.qdq.onnx", "percentile")
+print(cache.read_text().splitlines()[:3])
+print(qdq.name, qdq.stat().st_size, "bytes")"""),
+    ("md", "## Where does the QDQ model drift from FP32?\nThe QDQ export is the candidate model; tensors are "
+           "matched by name."),
+    ("code", """from workbench.compare.api import compare
+
+int8 = compare(model_path, "ort", "ort", cand_model=qdq, criterion="norm_mean_abs>0.1")
+print("first divergent:", int8.first_divergent and int8.first_divergent.node)
+int8.culprits_frame()[["rank", "node", "op_type", "introduced_norm_mean_abs", "explanation"]]"""),
+    ("md", "The same check on ONNX Runtime's own INT8 variant (calibrated on the comparison's inputs):"),
+    ("code", """ort_int8 = compare(model_path, "ort", "ort:int8")
+print(ort_int8.culprits[0].node, "|", ort_int8.culprits[0].explanation)"""),
+    ("md", "The panel above can show this report too:"),
+    ("code", "CalibrationPanel(model_path, report=report)"),
+]
+
+REPRODUCE = [
+    ("md", """# Reproducing a shared investigation
+
+A colleague found a culprit and sent you a **bundle**: the model (or its sha256), the exact feeds, the engine
+specs and options, the results, and a few tensors' values. This notebook makes such a bundle, opens it, reruns it
+here and says whether the conclusion holds (same verdict, same first divergent tensor, same top culprit)."""),
+    ("code", f"""{PLOTLY_SETUP}
+import tempfile
+from pathlib import Path
+
+from workbench.compare.api import compare
+from workbench.report import diff_results, load_bundle, rerun_bundle, save_bundle
+
+SAMPLES = Path("../sample_models").resolve()
+model_path = SAMPLES / "transformer_block.onnx"
+feeds = SAMPLES / "transformer_block_inputs.npz"  # the causal -inf mask the model expects
+print(model_path.name, "with", feeds.name)"""),
+    ("md", "## 1. The colleague's side: compare, then save a bundle"),
+    ("code", """found = compare(model_path, "ort", "ref:fp16", feeds=feeds)
+print("first divergent:", found.first_divergent.node, "| culprit:", found.culprits[0].node)
+bundle_dir = Path(tempfile.mkdtemp(prefix="workbench-bundle-")) / "ln2-overflow"
+save_bundle(found, dest=bundle_dir, tensors="auto")
+sorted(p.name for p in bundle_dir.iterdir())"""),
+    ("md", "## 2. Your side: open the bundle, look at what it says"),
+    ("code", """bundle = load_bundle(bundle_dir)
+saved = bundle.result
+print(saved.reference, "vs", saved.candidate, "|", saved.criterion.describe())
+saved.culprits_frame()[["rank", "node", "op_type", "introduced_sqnr_db", "explanation"]].head()"""),
+    ("md", "The saved result in the Errors panel: click a layer to run both engines on the bundle's feeds."),
+    ("code", """from workbench.ui import ErrorsPanel
+
+ErrorsPanel(saved, model=model_path)"""),
+    ("md", "## 3. Rerun it here"),
+    ("code", """rerun = rerun_bundle(bundle_dir)
+print(rerun.render())"""),
+    ("code", """assert rerun.reproduced, "the conclusion changed: look at the diff above"
+diff = diff_results(saved, rerun.result)
+diff.to_json()["first_divergent"]"""),
+    ("md", """## Without a bundle
+A results JSON alone (`workbench compare --json`, `CompareResult.save_json`) is enough to rerun when the inputs
+were random: the seed is recorded."""),
+    ("code", """from workbench.compare.result import CompareResult
+
+random_run = compare(model_path, "ort", "ort:fp16", seed=3)
+path = random_run.save_json(Path(tempfile.mkdtemp(prefix="workbench-json-")) / "result.json")
+loaded = CompareResult.load_json(path)
+again = compare(model_path, loaded.reference, loaded.candidate, seed=loaded.feeds["seed"])
+print("same first divergent tensor:", (loaded.first_divergent and loaded.first_divergent.tensor)
+      == (again.first_divergent and again.first_divergent.tensor))"""),
+]
+
+NOTEBOOKS = {
+    "quickstart.ipynb": QUICKSTART,
+    "int8_calibration.ipynb": CALIBRATION,
+    "reproduce_investigation.ipynb": REPRODUCE,
+}
 
 
 def build(cells) -> nbformat.NotebookNode:
@@ -74,22 +236,49 @@ def build(cells) -> nbformat.NotebookNode:
     return nb
 
 
+#: an anywidget module bigger than this (plotly's FigureWidget bundle: ~5 MB, saved again for every figure
+#: widget) is replaced in the saved widget state by a placeholder that asks to run the notebook
+MAX_SAVED_ESM = 200_000
+PLACEHOLDER_ESM = """export default { render({ el }) {
+  el.innerHTML = '<div style="padding:8px;color:#546e7a;border:1px dashed #b0bec5">Interactive figure: run the ' +
+    'notebook to use it (its saved copy would add megabytes to the file).</div>';
+} };"""
+
+
+def slim_widget_state(nb: nbformat.NotebookNode) -> int:
+    """Replace oversized anywidget modules in the saved widget state; returns how many were replaced."""
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    replaced = 0
+    for model in state.values():
+        esm = model.get("state", {}).get("_esm")
+        if isinstance(esm, str) and len(esm) > MAX_SAVED_ESM:
+            model["state"]["_esm"] = PLACEHOLDER_ESM
+            replaced += 1
+    return replaced
+
+
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600) -> nbformat.NotebookNode:
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
+    """Run top to bottom in a fresh kernel; keep outputs and the widgets' state (rendered without a kernel)."""
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    slim_widget_state(nb)
     return nb
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-execute", action="store_true")
+    parser.add_argument("names", nargs="*", help="notebooks to write (default: all)")
     args = parser.parse_args(argv)
     NB_DIR.mkdir(exist_ok=True)
     for name, cells in NOTEBOOKS.items():
+        if args.names and name not in args.names and name.removesuffix(".ipynb") not in args.names:
+            continue
         nb = build(cells)
         if not args.no_execute:
             execute(nb, NB_DIR)
         nbformat.write(nb, NB_DIR / name)
-        print(f"wrote notebooks/{name}")
+        print(f"wrote notebooks/{name} ({(NB_DIR / name).stat().st_size / 1e3:.0f} kB)")
     return 0
 
 

@@ -30,6 +30,24 @@ def test_notebook_runs_clean(path, tmp_path):
     assert all(c.get("outputs") for c in saved.cells if c.cell_type == "code"), "notebooks are saved with outputs"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_are_saved_with_widget_state_and_stay_small(path):
+    """Viewers draw the saved widgets without a kernel; plotly's 5 MB bundle is never saved per figure widget."""
+    nb = nbformat.read(path, as_version=4)
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    assert state, "saved with widget state (scripts/make_notebooks.py uses store_widget_state=True)"
+    assert path.stat().st_size < 1_500_000
+    assert all(len(m.get("state", {}).get("_esm", "")) < 200_000 for m in state.values())
+
+
+def test_the_quickstart_opens_on_the_workbench():
+    nb = nbformat.read(REPO / "notebooks" / "quickstart.ipynb", as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert "Workbench(" in first.source
+    views = [o for o in first.outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert views, "the first cell shows the workbench widget"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,6 +18,7 @@ _LAZY = {
     "inspect_model": "workbench.inspection",
     "Inspection": "workbench.inspection",
     "inventory": "workbench.model.inventory",
+    "Workbench": "workbench.ui.workbench",
 }
 
 __all__ = ["__version__", *_LAZY]

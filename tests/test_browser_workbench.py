@@ -1,0 +1,141 @@
+"""The README's path in a real browser: JupyterLab (started here on 127.0.0.1, random port, token) and headless
+Chromium driven by Playwright. Open the quickstart, run it, press Run in the Compare panel, wait for the planted
+culprit, open its error plots, click a layer in the error curve, see its detail plots, follow it in the graph,
+calibrate and see a histogram. Screenshots go to $WORKBENCH_ARTIFACTS (or a temporary folder, printed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.browser
+
+CULPRIT = "/bn_big_var/BatchNormalization"
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("bench_ui", REPO / "benchmarks" / "bench_ui.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+H = _harness()
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    folder = Path(os.environ.get("WORKBENCH_ARTIFACTS") or tempfile.mkdtemp(prefix="workbench-artifacts-"))
+    folder = folder / "browser"
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\nbrowser screenshots: {folder}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser_page(artifacts):
+    pytest.importorskip("playwright")
+    if not Path(H.CHROMIUM).exists():
+        if os.environ.get("WORKBENCH_REQUIRE_BROWSER"):
+            pytest.fail(f"{H.CHROMIUM} not found")
+        pytest.skip(f"{H.CHROMIUM} not found: apt-get install chromium (CI installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with H.JupyterLab(notebooks=["quickstart.ipynb"]) as lab, sync_playwright() as p:
+        browser = H.launch(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            yield lab, page, errors
+        except Exception:
+            H.screenshot(page, artifacts, "failure")
+            raise
+        finally:
+            (artifacts / "jupyterlab.log").write_bytes(lab.log_path.read_bytes())
+            browser.close()
+
+
+def _visible(locator):
+    return locator.locator("visible=true")
+
+
+def test_quickstart_finds_the_culprit_in_the_browser(browser_page, artifacts):
+    lab, page, errors = browser_page
+    H.open_notebook(page, lab, "quickstart.ipynb")
+    H.run_all(page)
+    page.wait_for_selector(".wb-title")
+    wb = page.locator(".jp-OutputArea-output").filter(has=page.locator(".wb-title")).first
+    page.evaluate("document.querySelector('.jp-WindowedPanel-outer').scrollTop = 0")
+    H.screenshot(page, artifacts, "01-workbench")
+
+    def tab(name: str) -> None:
+        wb.locator(".lm-TabBar-tab", has_text=name).click()
+
+    tab("Compare")
+    wb.locator("button", has_text="Run").first.click()
+    culprit = wb.locator("button", has_text=f"#1 {CULPRIT}")
+    culprit.wait_for()
+    assert "first divergent: /bn_big_var/BatchNormalization" in wb.inner_text()
+    culprit.scroll_into_view_if_needed()
+    H.screenshot(page, artifacts, "02-culprit")
+
+    culprit.click()  # selects it everywhere and opens Errors
+    curve = _visible(wb.locator(".js-plotly-plot")).first
+    curve.wait_for()
+    curve.scroll_into_view_if_needed()
+    wb.get_by_text("/bn_big_var/BatchNormalization_output_0: value distributions").first.wait_for()
+    H.screenshot(page, artifacts, "03-errors")
+
+    # click another layer in the error curve: its detail plots replace the culprit's
+    points = curve.locator(".scatterlayer .trace").first.locator(".points path")
+    assert points.count() == 7
+    points.nth(3).click(force=True)
+    wb.get_by_text("/head/pool/GlobalAveragePool_output_0: value distributions").first.wait_for()
+    assert wb.get_by_text("candidate vs reference").count() and wb.get_by_text("mean |error| per channel").count()
+    H.screenshot(page, artifacts, "04-layer-detail")
+
+    tab("Graph")  # the graph follows the selection
+    page.wait_for_function("""() => [...document.querySelectorAll('.wb-graph-status')].some(
+                                 s => s.textContent.includes('selected: /head/pool/GlobalAveragePool'))""")
+    H.screenshot(page, artifacts, "05-graph")
+
+    tab("Calibration")
+    wb.locator("button", has_text="Calibrate").click()
+    histogram = wb.get_by_text("|x| over the calibration data").first
+    histogram.wait_for(timeout=120_000)
+    histogram.scroll_into_view_if_needed()
+    H.screenshot(page, artifacts, "06-calibration")
+    assert not errors, errors
+
+
+def test_graph_widget_stays_interactive_on_5000_nodes(browser_page, artifacts):
+    import onnx
+
+    lab, page, errors = browser_page
+    path = lab.root / "synthetic_5000.onnx"
+    onnx.save(H.synthetic_model(5000), path)
+    name = lab.write_notebook("graph5000.ipynb", [
+        f"from workbench.ui import GraphPanel\ngp = GraphPanel({str(path)!r})\ngp",
+        "gp.find('layers.40/mlp/fc1')[:1]",
+    ])
+    H.open_notebook(page, lab, name)
+    H.run_all(page)
+    page.wait_for_selector(".wb-graph[data-ready='1']")
+    status = page.locator(".wb-graph-status")
+    assert "selected: /layers.40/mlp/fc1/" in status.inner_text()
+    box = page.locator(".wb-graph-canvas").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.wheel(0, 600)  # zoom out
+    page.locator(".wb-graph-btn", has_text="Fit").click()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + 25)  # a box near the top
+    page.wait_for_function("""() => [...document.querySelectorAll('.wb-culprit, .wb-msg')].some(
+                                 e => /double-click|inputs:/.test(e.textContent))""")
+    H.screenshot(page, artifacts, "07-graph-5000")
+    assert not errors, errors

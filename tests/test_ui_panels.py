@@ -1,0 +1,300 @@
+"""Notebook panels without a browser: build them, press their buttons programmatically, wait for the worker thread,
+check what they show. Long work runs on threads; failures and cancellation become messages, never exceptions."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import REPO, SAMPLES
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("anywidget")
+
+from workbench.ui import (  # noqa: E402
+    CalibrationPanel,
+    ComparePanel,
+    ErrorsPanel,
+    GraphPanel,
+    ModelPanel,
+    Workbench,
+    WorkbenchState,
+)
+
+CLAMP = SAMPLES / "fp16_clamp_constant.onnx"
+CULPRIT = "/bn_big_var/BatchNormalization"
+
+
+def bench_ui():
+    """benchmarks/bench_ui.py: the synthetic graph generator and the browser harness."""
+    spec = importlib.util.spec_from_file_location("bench_ui", REPO / "benchmarks" / "bench_ui.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _outputs_text(out) -> str:
+    return " ".join(str(o.get("data", {})) for o in out.outputs)
+
+
+@pytest.fixture
+def chdir_tmp(tmp_path, monkeypatch):
+    """Run in an empty working directory, to prove nothing is written there."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def test_workbench_builds_on_a_path_and_shows_the_model():
+    wb = Workbench(CLAMP)
+    assert "fp16_clamp_constant.onnx" in wb.header.value and "7 nodes" in wb.header.value
+    assert [wb.tabs.get_title(i) for i in range(5)] == ["Model", "Compare", "Errors", "Graph", "Calibration"]
+    panel = wb.model_panel
+    assert "BatchNormalization" in panel.ops_table.value
+    assert "application/vnd.plotly.v1+json" in panel.chart.outputs[0]["data"]
+    assert panel.wait(30) and "onnxruntime" in panel.probes.value
+    assert "Workbench(fp16_clamp_constant.onnx)" in repr(wb) and len(repr(wb)) <= 110
+
+
+def test_workbench_takes_a_modelproto_and_a_torch_module():
+    import onnx
+
+    assert "7 nodes" in Workbench(onnx.load(CLAMP)).header.value
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    wb = Workbench(net, example_inputs=(torch.randn(1, 4),))
+    assert wb.state.model.source == "torch" and "Gemm" in wb.model_panel.ops_table.value
+
+
+def test_a_bad_model_is_a_message_not_an_exception(tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"not a model at all")
+    wb = Workbench(bad)
+    assert "wb-error" in wb.header.value and "loading the model failed" in wb.header.value
+    assert wb.state.model is None
+
+
+def test_compare_run_finds_the_planted_culprit():
+    wb = Workbench(CLAMP)
+    panel = wb.compare_panel
+    assert panel.reference == "ort" and panel.candidate == "ort:fp16"
+    thread = panel.run()
+    assert isinstance(thread, threading.Thread)
+    assert panel.wait(120)
+    assert panel.jobs.error is None, panel.jobs.status.value
+    assert wb.state.result is not None and wb.state.result.culprits[0].node == CULPRIT
+    assert "first divergent: /bn_big_var/BatchNormalization" in panel.summary.value
+    buttons = [row.children[0] for row in panel.culprit_rows.children[1:]]
+    assert buttons[0].description == f"#1 {CULPRIT}"
+    assert "clamped constant" in panel.culprit_rows.children[1].children[1].value
+    buttons[0].click()  # select it everywhere, bring Errors forward
+    assert wb.state.selected == CULPRIT and wb.tabs.selected_index == 2
+    assert wb.graph_panel.canvas.selected == CULPRIT
+
+
+def test_the_kernel_stays_responsive_while_comparing(monkeypatch):
+    import workbench.compare.api as api
+
+    release, real = threading.Event(), api.compare
+
+    def slow_compare(*args, **kwargs):
+        assert release.wait(60), "the caller was blocked"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "compare", slow_compare)
+    panel = ComparePanel(CLAMP)
+    started = time.perf_counter()
+    panel.run()
+    assert time.perf_counter() - started < 0.5, "run() returns at once: the work is on a thread"
+    assert panel.jobs.running and not panel.run_button.disabled
+    assert panel.run() is None and "wait for the running job" in panel.jobs.status.value
+    release.set()  # the caller (the kernel) was free to do this while the comparison waited
+    assert panel.wait(120) and panel.state.result is not None
+
+
+def test_cancel_stops_a_running_comparison():
+    panel = ComparePanel(CLAMP, candidate="ref:fp16")
+    panel.inputs.count.value = 2000  # many feeds: plenty of progress steps to stop at
+    seen = threading.Event()
+    panel.jobs.bar.observe(lambda _: seen.set(), "value")
+    panel.run()
+    assert seen.wait(60), "no progress reported"
+    panel.jobs.cancel_button.click()
+    assert panel.wait(60)
+    assert panel.jobs.cancelled and "cancelled" in panel.jobs.status.value
+    assert panel.state.result is None and panel.jobs.error is None
+    panel.inputs.count.value = 1  # the panel is usable again
+    panel.run()
+    assert panel.wait(120) and panel.state.result is not None
+
+
+def test_a_failing_run_shows_the_workbench_error(tmp_path):
+    panel = ComparePanel(CLAMP)
+    panel.inputs.source.value = "file on the server"
+    panel.inputs.path.value = str(tmp_path / "missing.npz")
+    panel.run()
+    assert panel.wait(60)
+    assert panel.state.result is None
+    assert "wb-error" in panel.jobs.status.value and "feed file not found" in panel.jobs.status.value
+    assert "Traceback" not in panel.jobs.status.value
+
+
+def test_bad_options_are_reported_before_running():
+    panel = ComparePanel(CLAMP)
+    panel.inputs.shapes.value = "image:[1,four]"
+    assert panel.run() is None
+    assert "whole numbers" in panel.jobs.status.value
+
+
+def test_unavailable_engines_say_why_and_block_run():
+    panel = ComparePanel(CLAMP)
+    if panel.engines["trt"]["available"]:
+        pytest.skip("TensorRT is available here")
+    panel.cand_engine.value = "trt"
+    assert panel.run_button.disabled
+    assert "trt:" in panel.engine_note.value and "wb-error" in panel.engine_note.value
+    labels = [label for label, _ in panel.cand_engine.options]
+    assert "trt (not available here)" in labels
+    panel.cand_engine.value = "ort"
+    assert not panel.run_button.disabled
+
+
+def test_uploaded_npz_feeds_are_used(tmp_path):
+    buf = io.BytesIO()
+    feed = np.random.default_rng(0).standard_normal((1, 4, 16, 16)).astype(np.float32)
+    np.savez(buf, image=feed)
+    panel = ComparePanel(CLAMP)
+    panel.inputs.source.value = "upload"
+    panel.inputs.upload.value = ({"name": "feeds.npz", "type": "application/octet-stream", "size": buf.tell(),
+                                  "content": memoryview(buf.getvalue()),
+                                  "last_modified": datetime.datetime.now(datetime.timezone.utc)},)
+    assert "1 feed(s) uploaded" in panel.inputs.status.value
+    panel.run()
+    assert panel.wait(120)
+    result = panel.state.result
+    assert result.feeds["count"] == 1 and result.culprits[0].node == CULPRIT
+    np.testing.assert_array_equal(result.used_feeds[0]["image"], feed)
+
+
+def test_errors_panel_click_shows_the_layer_detail():
+    wb = Workbench(CLAMP)
+    wb.compare_panel.run()
+    assert wb.compare_panel.wait(120)
+    panel = wb.errors_panel
+    curve = panel.curve
+    assert curve is not None and any(t.name == "first divergent" for t in curve.data)
+    assert any(s.type == "line" for s in curve.layout.shapes), "the tolerance line"
+    from plotly.callbacks import Points
+
+    trace = curve.data[0]
+    index = [row[1] for row in trace.customdata].index(CULPRIT)
+    panel._on_click(trace, Points(point_inds=[index], xs=[trace.x[index]], ys=[trace.y[index]],
+                                  trace_name=trace.name, trace_index=0), None)
+    assert wb.state.selected == CULPRIT
+    assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
+    assert "value distributions" in _outputs_text(panel.values_plot)
+    assert "candidate vs reference" in _outputs_text(panel.scatter_plot)
+    assert "per channel" in _outputs_text(panel.channel_plot)
+    selected = next(t for t in curve.data if t.name == "selected layer")
+    assert list(selected.x) == [trace.x[index]]
+    assert wb.graph_panel.canvas.selected == CULPRIT  # the graph follows the plot
+
+
+def test_errors_panel_on_a_result_read_back_from_json(tmp_path):
+    from workbench.compare.api import compare
+    from workbench.compare.result import CompareResult
+
+    saved = compare(CLAMP, "ort", "ort:fp16", seed=3).save_json(tmp_path / "r.json")
+    result = CompareResult.load_json(saved)
+    panel = ErrorsPanel(result, model=CLAMP)
+    panel.select(CULPRIT)
+    assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
+    assert "value distributions" in _outputs_text(panel.values_plot)
+
+
+def test_errors_panel_without_a_result_says_so():
+    panel = ErrorsPanel(model=CLAMP)
+    assert "no comparison yet" in panel.message.value and panel.curve is None
+
+
+def test_graph_panel_collapses_searches_and_focuses(tmp_path):
+    import onnx
+
+    path = tmp_path / "big.onnx"
+    onnx.save(bench_ui().synthetic_model(5000), path)
+    panel = GraphPanel(path, max_nodes=1500)
+    data = panel.canvas.data
+    assert len(panel.view.names) >= 5000
+    assert 0 < len(data["ids"]) <= 1500 and any(i.startswith("scope:") for i in data["ids"])
+    matches = panel.find("layers.37/attn/tanh")
+    assert matches and panel.state.selected == matches[0] and panel.canvas.selected == matches[0]
+    assert matches[0] in panel.canvas.data["ids"], "the found node is revealed"
+    assert panel.canvas.highlight == matches[:50]
+    panel.hops.value = 2
+    panel.focus_on(matches[0])
+    assert set(panel.canvas.data["ids"]) == {panel.view.names[i] for i in panel.view.neighbourhood(matches[0], 2)}
+    panel.whole_graph()
+    assert len(panel.canvas.data["ids"]) > 100
+    scope = next(i for i in panel.canvas.data["ids"] if i.startswith("scope:"))
+    before = len(panel.canvas.data["ids"])
+    panel._on_canvas_msg(panel.canvas, {"event": "expand", "id": scope}, [])
+    assert len(panel.canvas.data["ids"]) > before
+
+
+def test_graph_selection_links_to_the_state_and_overlays_follow_results():
+    state = WorkbenchState.of(CLAMP)
+    graph = GraphPanel(state=state)
+    assert graph.overlay.value == "op_type"
+    graph.canvas.selected = "/relu/Relu"  # a click in the browser
+    assert state.selected == "/relu/Relu"
+    from workbench.compare.api import compare
+
+    state.result = compare(state.model, "ort", "ort:fp16")
+    assert graph.overlay.value == "introduced"
+    colors = dict(zip(graph.canvas.data["ids"], graph.canvas.data["color"]))
+    assert colors[CULPRIT] == "#b71c1c"
+    state.selected = CULPRIT
+    assert graph.canvas.selected == CULPRIT and "culprit #1" in graph.info.value
+
+
+def test_model_panel_compatibility_for_chosen_targets():
+    panel = ModelPanel(SAMPLES / "transformer_block.onnx")
+    panel.targets.value = ("TensorRT 8.6", "OpenVINO")
+    panel.check()
+    assert "TensorRT 8.6" in panel.compat.value and "OpenVINO" in panel.compat.value
+    assert "ONNX Runtime 1.18" not in panel.compat.value
+
+
+def test_calibration_panel_ranks_tensors_and_exports_outside_the_cwd(chdir_tmp):
+    panel = CalibrationPanel(SAMPLES / "int8_outlier.onnx")
+    assert panel.cache_button.disabled and panel.qdq_button.disabled
+    panel.data_count.value, panel.eval_count.value = 16, 4
+    panel.run()
+    assert panel.wait(180) and panel.jobs.error is None, panel.jobs.status.value
+    assert panel.tensor.value == "/mlp/fc2/Add_output_0"  # the planted outlier is the most sensitive
+    text = _outputs_text(panel.histogram)
+    assert "|x| over the calibration data" in text and "clips" in text and "evaluation" in text
+    assert "entropy" in panel.tensor_note.value
+    panel.export_method.value = "percentile"
+    cache = panel.export_cache()
+    assert cache is not None and cache.exists() and cache.read_text().startswith("TRT-")
+    panel.qdq_path.value = "exported.qdq.onnx"  # relative: goes under the output folder
+    panel.export_qdq()
+    assert panel.wait(180), panel.export_note.value
+    assert "QDQ model (percentile) saved" in panel.export_note.value
+    assert (panel.state.out_dir() / "exported.qdq.onnx").exists()
+    assert list(chdir_tmp.iterdir()) == [], "nothing is written to the working directory"
+
+
+def test_calibration_failure_is_a_message(tmp_path):
+    panel = CalibrationPanel(SAMPLES / "int8_outlier.onnx")
+    panel.data_path.value = str(tmp_path / "nowhere")
+    panel.run()
+    assert panel.wait(60)
+    assert panel.state.calibration is None and "wb-error" in panel.jobs.status.value

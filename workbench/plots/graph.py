@@ -1,0 +1,371 @@
+"""The model graph as drawable data: layered layout, name-scope collapsing, k-hop focus, colour overlays.
+
+:func:`graph_payload` turns a :class:`~workbench.model.graph.GraphInfo` (plus, optionally, a comparison result)
+into the arrays the notebook's graph widget draws (``workbench/ui/static/graph.js``); :func:`graph_figure` draws
+the same thing as a static plotly figure for reports. Pure functions: nothing here runs an engine.
+
+Collapsing: node names such as ``/encoder/layer.3/attn/MatMul`` carry scopes (``encoder``, ``layer.3``,
+``attn``). At ``depth`` d every node is shown as its scope's first d levels (one box per scope), except scopes
+listed in ``expanded``, which open one level further. Large graphs start at the deepest depth that keeps the
+view under ``max_nodes`` boxes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .graph_layout import layered_layout
+
+OVERLAYS = {
+    "op_type": "operator type",
+    "diverged": "diverged (full run)",
+    "error": "error vs tolerance (full run)",
+    "introduced": "error introduced (culprits)",
+    "precision": "precision",
+}
+#: most frequent op types first; the rest share OTHER
+PALETTE = ["#4e79a7", "#f28e2b", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6",
+           "#d4a6c8", "#a0cbe8", "#ffbe7d"]
+OTHER, GROUP, NOT_COMPARED = "#cfd8dc", "#eceff1", "#e0e0e0"
+DIVERGED, FIRST, AGREES = "#e53935", "#fb8c00", "#66bb6a"
+#: error relative to the tolerance, on a log10 scale (0 = at the tolerance; -1 = ten times below it)
+ERROR_BANDS = [(-3.0, "#1b5e20", "over 1000x below tolerance"), (-1.5, "#66bb6a", "30-1000x below"),
+               (-0.5, "#d4e157", "3-30x below"), (0.0, "#ffb300", "within 3x of tolerance"),
+               (math.inf, "#e53935", "over tolerance")]
+NONFINITE = ("#6a1b9a", "non-finite mismatch")
+CULPRIT_COLORS = ["#b71c1c", "#e53935", "#ef5350", "#ef9a9a"]
+PRECISION_COLORS = {"fp32": "#90a4ae", "float32": "#90a4ae", "fp16": "#42a5f5", "float16": "#42a5f5",
+                    "int8": "#ab47bc", "uint8": "#ab47bc", "float64": "#8d6e63"}
+
+
+def scope_of(name: str) -> tuple[str, ...]:
+    """``/a/b/op`` -> ``("a", "b")``; names without ``/`` have no scope."""
+    parts = [p for p in name.split("/") if p]
+    return tuple(parts[:-1]) if len(parts) > 1 else ()
+
+
+def scope_id(scope: Iterable[str]) -> str:
+    return "scope:/" + "/".join(scope)
+
+
+@dataclass
+class GraphView:
+    """A graph's nodes (topological order), edges between them, and each node's scope: built once per model."""
+
+    names: list[str]
+    ops: list[str]
+    edges: list[tuple[int, int]]
+    scopes: list[tuple[str, ...]]
+    outputs: list[str]
+    shapes: list[str]
+    index: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_graph(cls, graph: Any, constants: bool = False) -> GraphView:
+        """``constants``: show Constant nodes too (parameters, not layers: hidden by default, as Netron does)."""
+        nodes = [n for n in graph.nodes if constants or n.op_type != "Constant"]
+        names = [n.name for n in nodes]
+        index = {n: i for i, n in enumerate(names)}
+        producer_index = {t: index[p] for t, p in graph.producer.items() if p in index}
+        edges = sorted({(producer_index[t], v) for v, n in enumerate(nodes) for t in n.inputs
+                        if t in producer_index and producer_index[t] != v})
+        outputs = [next((o for o in n.outputs if o), "") for n in nodes]
+        shapes = [_describe_tensor(graph.tensors.get(o)) for o in outputs]
+        return cls(names, [n.op_type for n in nodes], edges, [scope_of(n) for n in names], outputs, shapes, index)
+
+    @property
+    def max_depth(self) -> int:
+        return max((len(s) for s in self.scopes), default=0)
+
+    def neighbourhood(self, centre: str, hops: int) -> list[int]:
+        """Indices of nodes within ``hops`` edges of ``centre`` (either direction), in topological order."""
+        adj: dict[int, list[int]] = {}
+        for u, v in self.edges:
+            adj.setdefault(u, []).append(v)
+            adj.setdefault(v, []).append(u)
+        start = self.index[centre]
+        seen, todo = {start: 0}, deque([start])
+        while todo:
+            u = todo.popleft()
+            if seen[u] >= hops:
+                continue
+            for w in adj.get(u, ()):
+                if w not in seen:
+                    seen[w] = seen[u] + 1
+                    todo.append(w)
+        return sorted(seen)
+
+
+def _describe_tensor(info: Any) -> str:
+    if info is None:
+        return ""
+    shape = "?" if info.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in info.shape) + "]"
+    return f"{info.dtype or '?'} {shape}"
+
+
+def items_at(view: GraphView, depth: int | None, expanded: Iterable[str] = (),
+             members: list[int] | None = None) -> tuple[list[str], list[list[int]]]:
+    """(item ids, member node indices) at a collapse ``depth`` (None: every node), in topological order."""
+    members = list(range(len(view.names))) if members is None else members
+    opened = set(expanded)
+    groups: dict[str, list[int]] = {}
+    for i in members:
+        scope = view.scopes[i]
+        key = None
+        if depth is not None and scope:
+            k = min(depth, len(scope))
+            while k < len(scope) and scope_id(scope[:k]) in opened:
+                k += 1
+            if not (k == len(scope) and scope_id(scope) in opened):
+                key = scope_id(scope[:k])
+        groups.setdefault(key or view.names[i], []).append(i)
+    items = []
+    for key, idx in groups.items():
+        if key.startswith("scope:") and len(idx) == 1:
+            key = view.names[idx[0]]
+        items.append((idx[0], key, idx))
+    items.sort()
+    return [k for _, k, _ in items], [m for _, _, m in items]
+
+
+def auto_depth(view: GraphView, max_nodes: int = 1500) -> int | None:
+    """The deepest collapse depth that shows at most ``max_nodes`` boxes (None: the graph fits as it is)."""
+    if len(view.names) <= max_nodes:
+        return None
+    best = 1
+    for d in range(1, view.max_depth + 1):
+        if len(items_at(view, d)[0]) <= max_nodes:
+            best = d
+        else:
+            break
+    return best
+
+
+def reveal(view: GraphView, node: str, depth: int | None, expanded: Iterable[str] = ()) -> set[str]:
+    """``expanded`` plus the scopes that must open for ``node`` to show as itself at ``depth``."""
+    opened = set(expanded)
+    if depth is None or node not in view.index:
+        return opened
+    scope = view.scopes[view.index[node]]
+    for k in range(min(depth, len(scope)), len(scope) + 1):
+        opened.add(scope_id(scope[:k]))
+    return opened
+
+
+# --- overlays ------------------------------------------------------------------------------------------------
+def _op_colors(view: GraphView) -> dict[str, str]:
+    ranked = [op for op, _ in Counter(view.ops).most_common()]
+    return {op: (PALETTE[i] if i < len(PALETTE) else OTHER) for i, op in enumerate(ranked)}
+
+
+def error_ratio(metrics: dict, criterion: Any) -> float:
+    """How far a tensor's error sits from the tolerance, log10 (0: at it, -1: ten times below, >0: over)."""
+    from ..compare.metrics import HIGHER_IS_BETTER
+
+    value = metrics.get(criterion.metric)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return -math.inf
+    value, threshold = float(value), float(criterion.threshold)
+    if criterion.metric == "sqnr_db":
+        return (threshold - value) / 10.0
+    if criterion.metric in HIGHER_IS_BETTER:  # cosine: compare 1 - value with 1 - threshold
+        value, threshold = 1.0 - value, 1.0 - threshold
+    if value <= 0:
+        return -math.inf
+    return math.log10(value / threshold) if threshold > 0 else math.inf
+
+
+def _band(ratio: float) -> int:
+    return next(i for i, (upper, _, _) in enumerate(ERROR_BANDS) if ratio <= upper)
+
+
+def _node_classes(view: GraphView, overlay: str, result: Any) -> tuple[list[Any], list[tuple[str, str]]]:
+    """Per node: a sortable class (higher = more remarkable) and the legend ((label, colour) ...)."""
+    n = len(view.names)
+    by_node = {}
+    if result is not None:
+        for t in result.tensors:
+            by_node.setdefault(t.node, t)
+    if overlay == "diverged":
+        first = result.first_divergent.node if result is not None and result.first_divergent else None
+        cls = [0 if view.names[i] not in by_node else
+               (3 if view.names[i] == first else 2 if by_node[view.names[i]].diverged else 1) for i in range(n)]
+        return cls, [("not compared", NOT_COMPARED), ("agrees", AGREES), ("diverged", DIVERGED),
+                     ("first divergent", FIRST)]
+    if overlay == "error":
+        cls = []
+        for name in view.names:
+            t = by_node.get(name)
+            if t is None:
+                cls.append(-1)
+            elif (t.metrics.get("nonfinite_mismatch") or 0) > 0:
+                cls.append(len(ERROR_BANDS))
+            else:
+                cls.append(_band(error_ratio(t.metrics, result.criterion)))
+        legend = [(label, color) for _, color, label in ERROR_BANDS] + [(NONFINITE[1], NONFINITE[0]),
+                                                                       ("not compared", NOT_COMPARED)]
+        return cls, legend
+    if overlay == "introduced":
+        rank = {c.node: i for i, c in enumerate(result.culprits)} if result is not None else {}
+        flagged = {c.node for c in result.culprits if c.introduces_divergence} if result is not None else set()
+        cls = [(-1 if view.names[i] not in by_node else 0) if view.names[i] not in rank else
+               100 - rank[view.names[i]] if view.names[i] in flagged else 1 for i in range(n)]
+        legend = [("culprit #1", CULPRIT_COLORS[0]), ("culprits #2-3", CULPRIT_COLORS[1]),
+                  ("other culprits", CULPRIT_COLORS[2]), ("ranked, under tolerance", CULPRIT_COLORS[3]),
+                  ("not a culprit", AGREES), ("not compared", NOT_COMPARED)]
+        return cls, legend
+    if overlay == "precision":
+        labels = _precisions(view, result)
+        order = sorted(set(labels))
+        return labels, [(p, PRECISION_COLORS.get(p, OTHER)) for p in order]
+    colors = _op_colors(view)
+    legend = [(op, c) for op, c in colors.items() if c != OTHER]
+    if any(c == OTHER for c in colors.values()):
+        legend.append(("other ops", OTHER))
+    return list(view.ops), legend
+
+
+def _precisions(view: GraphView, result: Any) -> list[str]:
+    dtypes = [s.split(" ")[0] if s else "?" for s in view.shapes]
+    if result is None:
+        return dtypes
+    from ..engines.spec import EngineSpec
+
+    variant = EngineSpec.parse(result.candidate).variant
+    info = result.variant or {}
+    kept = set(info.get("kept_fp32") or []) | {e.get("node") for e in info.get("excluded_nodes") or []
+                                               if isinstance(e, dict)}
+    out = []
+    for name, dtype in zip(view.names, dtypes):
+        if dtype not in ("float32", "float16"):
+            out.append(dtype)
+        elif name in kept:
+            out.append("fp32 (kept)")
+        else:
+            out.append(variant if variant != "fp32" else "fp32")
+    return out
+
+
+def _class_color(overlay: str, cls: Any, op_colors: dict[str, str]) -> str:
+    if overlay == "diverged":
+        return [NOT_COMPARED, AGREES, DIVERGED, FIRST][cls]
+    if overlay == "error":
+        if cls < 0:
+            return NOT_COMPARED
+        return NONFINITE[0] if cls >= len(ERROR_BANDS) else ERROR_BANDS[cls][1]
+    if overlay == "introduced":
+        if cls <= -1:
+            return NOT_COMPARED
+        if cls == 0:
+            return AGREES
+        if cls == 1:
+            return CULPRIT_COLORS[3]
+        rank = 100 - cls
+        return CULPRIT_COLORS[0] if rank == 0 else CULPRIT_COLORS[1] if rank <= 2 else CULPRIT_COLORS[2]
+    if overlay == "precision":
+        return PRECISION_COLORS.get(cls, "#ffca28" if cls == "fp32 (kept)" else OTHER)
+    return op_colors.get(cls, OTHER)
+
+
+# --- payload -------------------------------------------------------------------------------------------------
+def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = None, depth: int | None = None,
+                  expanded: Iterable[str] = (), focus: str | None = None, hops: int = 2,
+                  title: str = "") -> dict:
+    """What the graph widget draws: ids, labels, tooltips, layout (x, layer), colours, flat edge list, legend.
+
+    ``focus``: show only nodes within ``hops`` of that node, uncollapsed. Otherwise collapse to ``depth``
+    (None: every node) except the ``expanded`` scopes."""
+    if overlay not in OVERLAYS:
+        raise ValueError(f"unknown overlay {overlay!r}; use one of {', '.join(OVERLAYS)}")
+    if overlay != "op_type" and overlay != "precision" and result is None:
+        overlay = "op_type"
+    if focus is not None and focus in view.index:
+        ids, members = items_at(view, None, members=view.neighbourhood(focus, hops))
+        title = title or f"{hops}-hop neighbourhood of {focus}"
+    else:
+        ids, members = items_at(view, depth, expanded)
+    item_of = {i: k for k, idx in enumerate(members) for i in idx}
+    edges = sorted({(item_of[u], item_of[v]) for u, v in view.edges
+                    if u in item_of and v in item_of and item_of[u] != item_of[v]})
+    x, layer = layered_layout(len(ids), edges)
+    classes, legend = _node_classes(view, overlay, result)
+    op_colors = _op_colors(view)
+    by_node = {t.node: t for t in result.tensors} if result is not None else {}
+    culprits = {c.node: (k, c) for k, c in enumerate(result.culprits, 1)} if result is not None else {}
+    labels, subs, tips, colors, group = [], [], [], [], []
+    for key, idx in zip(ids, members):
+        if key.startswith("scope:"):
+            worst = _group_class(overlay, [classes[i] for i in idx])
+            ops = Counter(view.ops[i] for i in idx).most_common(3)
+            labels.append(key.rsplit("/", 1)[-1] or "/")
+            subs.append(f"{len(idx)} nodes")
+            tips.append(f"{key[6:]}\n{len(idx)} nodes: " + ", ".join(f"{op} x{c}" for op, c in ops)
+                        + "\ndouble-click to expand")
+            colors.append(GROUP if worst is None else _class_color(overlay, worst, op_colors))
+            group.append(1)
+        else:
+            i = idx[0]
+            labels.append(view.ops[i])
+            subs.append(None)
+            tips.append(_node_tip(view, i, by_node.get(view.names[i]), culprits.get(view.names[i]), result))
+            colors.append(_class_color(overlay, classes[i], op_colors))
+            group.append(0)
+    return {"ids": ids, "labels": labels, "sub": subs, "tips": tips, "x": [round(v, 3) for v in x], "y": layer,
+            "color": colors, "group": group, "edges": [k for e in edges for k in e],
+            "legend": [list(item) for item in legend], "title": title, "overlay": overlay}
+
+
+def _group_class(overlay: str, classes: list[Any]) -> Any:
+    """A collapsed scope shows its most remarkable member (its most common precision)."""
+    if overlay == "op_type":
+        return None
+    if overlay == "precision":
+        return Counter(classes).most_common(1)[0][0]
+    return max(classes)
+
+
+def _node_tip(view: GraphView, i: int, tensor: Any, culprit: Any, result: Any) -> str:
+    lines = [view.names[i], f"{view.ops[i]} -> {view.outputs[i]}  {view.shapes[i]}".rstrip()]
+    if tensor is not None and result is not None:
+        m = result.criterion.metric
+        value = tensor.metrics.get(m)
+        shown = f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+        lines.append(f"{m} {shown}" + ("  DIVERGED" if tensor.diverged else ""))
+        if tensor.metrics.get("nonfinite_mismatch"):
+            lines.append(f"non-finite mismatches: {tensor.metrics['nonfinite_mismatch']}")
+    if culprit is not None:
+        rank, c = culprit
+        lines.append(f"culprit #{rank}: {c.explanation[:240]}")
+    return "\n".join(lines)
+
+
+def graph_figure(view: GraphView, **options: Any):
+    """The same view as a static plotly figure (for reports and notebooks without widgets)."""
+    import plotly.graph_objects as go
+
+    p = graph_payload(view, **options)
+    ex, ey = [], []
+    edges = p["edges"]
+    for k in range(0, len(edges), 2):
+        a, b = edges[k], edges[k + 1]
+        ex += [p["x"][a], p["x"][b], None]
+        ey += [-p["y"][a], -p["y"][b], None]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#9aa0a6", "width": 1}, hoverinfo="skip",
+                             showlegend=False))
+    fig.add_trace(go.Scatter(x=p["x"], y=[-v for v in p["y"]], mode="markers+text", text=p["labels"],
+                             textposition="middle right", customdata=p["ids"],
+                             hovertext=[t.replace("\n", "<br>") for t in p["tips"]], hoverinfo="text",
+                             marker={"symbol": "square", "size": 14, "color": p["color"],
+                                     "line": {"width": 1, "color": "#455a64"}}, showlegend=False))
+    for label, color in p["legend"]:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
+                                 marker={"symbol": "square", "size": 12, "color": color}))
+    fig.update_layout(title=p["title"] or f"graph: {OVERLAYS[p['overlay']]}", template="plotly_white",
+                      xaxis={"visible": False}, yaxis={"visible": False}, hovermode="closest",
+                      height=max(400, min(2000, 40 * (max(p["y"], default=0) + 2))))
+    return fig

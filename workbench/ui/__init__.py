@@ -1,0 +1,36 @@
+"""Notebook front end: ipywidgets panels, each a thin view over the core; :class:`Workbench` composes them.
+
+    from workbench import Workbench
+    Workbench("model.onnx")            # Model | Compare | Errors | Graph | Calibration
+
+Every panel also works alone (``ModelPanel(model)``, ``ComparePanel(model)``, ...). Panels hold no numerics:
+they call the core (inspect, compare, calibrate, inspect_tensor) and the plots. Long work runs on a thread with
+a progress bar and Cancel, so the kernel stays responsive.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "Workbench": "workbench.ui.workbench",
+    "WorkbenchState": "workbench.ui.state",
+    "ModelPanel": "workbench.ui.model_panel",
+    "ComparePanel": "workbench.ui.compare_panel",
+    "ErrorsPanel": "workbench.ui.errors_panel",
+    "GraphPanel": "workbench.ui.graph_panel",
+    "GraphWidget": "workbench.ui.graph_widget",
+    "CalibrationPanel": "workbench.ui.calibration_panel",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'workbench.ui' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

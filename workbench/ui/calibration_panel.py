@@ -1,0 +1,220 @@
+"""Calibration panel: INT8 calibration diagnostics. Tensors sorted by sensitivity; a tensor's |x| histogram (log
+counts) with every method's threshold, its clipped fraction and the evaluation data overlaid; representativeness;
+export of the TensorRT cache and the QDQ model to a path the user types (default: the output folder)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import ipywidgets as widgets
+
+from ..plots.calibration import calibration_histogram, sensitivity_bars
+from .figures import show_figure
+from .jobs import JobControls
+from .messages import error_html, fallback_repr, message_html
+from .state import WorkbenchState
+from .style import heading, style_tag
+from .tables import table_html
+
+log = logging.getLogger(__name__)
+
+METHODS = ("max", "percentile", "entropy", "mse")
+
+
+class CalibrationPanel(widgets.VBox):
+    """``CalibrationPanel(model)``; ``run()`` calibrates on a thread, ``wait()`` joins, ``export_cache()`` and
+    ``export_qdq()`` write files. ``report=`` shows an existing :class:`~workbench.calibrate.CalibrationReport`."""
+
+    def __repr__(self) -> str:
+        return fallback_repr(self)
+
+    def __init__(self, model: Any = None, *, state: WorkbenchState | None = None, report: Any = None,
+                 **load_kwargs: Any) -> None:
+        self.state = WorkbenchState.of(model, state=state, **load_kwargs)
+        if report is not None:
+            self.state.calibration = report
+        self.data_path = widgets.Text(placeholder="calibration feeds: .npz, folder of .npz, JSON (empty: random)",
+                                      description="data", layout=widgets.Layout(width="520px"))
+        self.data_count = widgets.BoundedIntText(value=16, min=1, max=100_000, description="random N",
+                                                 layout=widgets.Layout(width="180px"))
+        self.eval_path = widgets.Text(placeholder="evaluation feeds (empty: random, other seed)", description="eval",
+                                      layout=widgets.Layout(width="520px"))
+        self.eval_count = widgets.BoundedIntText(value=8, min=0, max=100_000, description="random N",
+                                                 layout=widgets.Layout(width="180px"))
+        self.methods = widgets.SelectMultiple(options=METHODS, value=METHODS, rows=4, description="methods",
+                                              layout=widgets.Layout(width="230px"))
+        self.percentile = widgets.BoundedFloatText(value=99.99, min=0.01, max=100.0, step=0.01,
+                                                   description="percentile", layout=widgets.Layout(width="200px"))
+        self.seed = widgets.IntText(value=0, description="seed", layout=widgets.Layout(width="150px"))
+        self.run_button = widgets.Button(description="Calibrate", icon="play", button_style="primary")
+        self.run_button.on_click(lambda _: self.run())
+        self.jobs = JobControls()
+        self.summary = widgets.HTML()
+        self.tensor = widgets.Select(description="tensor", rows=10, layout=widgets.Layout(width="640px"))
+        self.log_y = widgets.Checkbox(value=True, description="log counts")
+        self.show_eval = widgets.Checkbox(value=True, description="evaluation overlay")
+        self.histogram = widgets.Output()
+        self.tensor_note = widgets.HTML()
+        self.sensitivity = widgets.Output()
+        self.represent = widgets.HTML()
+        self.export_method = widgets.Dropdown(options=METHODS, value="entropy", description="method",
+                                              layout=widgets.Layout(width="220px"))
+        self.cache_path = widgets.Text(description="cache", layout=widgets.Layout(width="560px"))
+        self.cache_button = widgets.Button(description="Write TensorRT cache", icon="save", disabled=True)
+        self.qdq_path = widgets.Text(description="QDQ model", layout=widgets.Layout(width="560px"))
+        self.qdq_button = widgets.Button(description="Save QDQ model", icon="save", disabled=True)
+        self.export_note = widgets.HTML()
+        self.export_jobs = JobControls()
+        self.cache_button.on_click(lambda _: self.export_cache())
+        self.qdq_button.on_click(lambda _: self.export_qdq())
+        for w in (self.tensor, self.log_y, self.show_eval):
+            w.observe(lambda _: self._draw_tensor(), "value")
+        self.state.observe(lambda _: self.refresh(), "calibration")
+        self.state.observe(lambda _: self._default_paths(), "model")
+        setup = widgets.VBox([
+            widgets.HBox([self.data_path, self.data_count]), widgets.HBox([self.eval_path, self.eval_count]),
+            widgets.HBox([self.methods, widgets.VBox([self.percentile, self.seed])]), self.run_button, self.jobs])
+        super().__init__([
+            style_tag(), heading("Calibration data"), setup, heading("Results"), self.summary,
+            heading("Tensors, most sensitive first (worst-case SQNR under the chosen method)"), self.tensor,
+            widgets.HBox([self.log_y, self.show_eval]), self.tensor_note, self.histogram,
+            heading("Sensitivity by method"), self.sensitivity,
+            heading("Representativeness: calibration vs evaluation data"), self.represent,
+            heading("Export"), self.export_method, widgets.HBox([self.cache_path, self.cache_button]),
+            widgets.HBox([self.qdq_path, self.qdq_button]), self.export_jobs, self.export_note,
+        ])
+        self._default_paths()
+        self.refresh()
+
+    def _default_paths(self) -> None:
+        if self.state.model is None:
+            return
+        stem = self.state.model.name.rsplit(".", 1)[0] or "model"
+        out = self.state.out_dir()
+        self.cache_path.value = str(out / f"{stem}.calib.cache")
+        self.qdq_path.value = str(out / f"{stem}.int8.qdq.onnx")
+
+    # --- running ---------------------------------------------------------------------------------------------
+    def run(self):
+        """Calibrate the state's model on a thread; returns the thread (None if one is running)."""
+        from ..calibrate import calibrate
+
+        try:
+            model = self.state.require_model()
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.jobs.status.value = error_html(e, "calibration")
+            return None
+        data = self.data_path.value.strip() or int(self.data_count.value)
+        evaluation = self.eval_path.value.strip() or (int(self.eval_count.value) or None)
+        methods = tuple(self.methods.value) or METHODS
+        percentile, seed = float(self.percentile.value), int(self.seed.value)
+
+        def work(progress, cancel):
+            return calibrate(model, data, methods=methods, percentile=percentile, eval_data=evaluation, seed=seed,
+                             progress=progress, cancel=cancel)
+
+        def done(report):
+            self.state.calibration = report
+
+        return self.jobs.start("calibration", work, done)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.jobs.wait(timeout) and self.export_jobs.wait(timeout)
+
+    # --- results ---------------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Show the state's calibration report (a failure is a message in the panel)."""
+        try:
+            self._refresh()
+        except Exception as e:  # noqa: BLE001 - shown in the panel, never raised into the calibration's thread
+            self.summary.value = error_html(e, "showing the calibration")
+
+    def _refresh(self) -> None:
+        report = self.state.calibration
+        ready = report is not None
+        self.cache_button.disabled = self.qdq_button.disabled = not ready
+        if not ready:
+            self.summary.value = message_html("no calibration yet: choose data and press Calibrate", "info")
+            self.tensor.options = []
+            return
+        cfg = report.config
+        self.summary.value = message_html(
+            f"{len(report.tensors)} tensors calibrated on {cfg.get('feeds')} feed(s)"
+            + (f", evaluated on {cfg.get('eval_feeds')}" if cfg.get("eval_feeds") else "")
+            + f"; methods {', '.join(report.methods)}; ranking under '{report.method}'", "ok") + "".join(
+            message_html(n, "info") for n in report.notes)
+        with self.hold_trait_notifications():
+            self.export_method.options = report.methods
+            self.export_method.value = report.method
+        options = []
+        for e in report.sensitivity:
+            worst = f"{e.worst_sqnr_db:.1f} dB" if math.isfinite(e.worst_sqnr_db) else str(e.worst_sqnr_db)
+            options.append((f"#{e.rank} {e.tensor}  ({worst}; best: {e.best_method})", e.tensor))
+        ranked = {t for _, t in options}
+        options += [(t, t) for t in report.tensors if t not in ranked]
+        self.tensor.options = options
+        if options:
+            self.tensor.value = options[0][1]
+        show_figure(self.sensitivity, sensitivity_bars(report))
+        rows = sorted(report.representativeness or [], key=lambda r: (not r.flagged, -r.js_distance))
+        self.represent.value = table_html(
+            ["tensor", "flagged", "calib amax", "eval amax", "eval beyond amax", "JS distance", "reasons"],
+            [(r.tensor, r.flagged, r.calib_amax, r.eval_amax, f"{r.beyond_fraction:.3%}", r.js_distance,
+              "; ".join(r.reasons)) for r in rows],
+            classes=["bad" if r.flagged else "" for r in rows],
+            empty="no evaluation data: give some to check that the calibration set is representative")
+
+    def _draw_tensor(self) -> None:
+        report, name = self.state.calibration, self.tensor.value
+        if report is None or not name:
+            return
+        try:
+            fig = calibration_histogram(report, name, log_y=self.log_y.value, show_eval=self.show_eval.value)
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.tensor_note.value = error_html(e, "drawing the histogram")
+            return
+        errors = report.errors.get(name, {})
+        self.tensor_note.value = table_html(
+            ["method", "amax", "clipped", "SQNR (dB)", "bulk SQNR (dB)", "worst (dB)"],
+            [(m, e.amax, f"{e.clipped_fraction:.4%}", e.sqnr_db, e.bulk_sqnr_db, e.worst_sqnr_db)
+             for m, e in errors.items()],
+            classes=["first" if m == report.method else "" for m in errors])
+        show_figure(self.histogram, fig)
+
+    # --- export ----------------------------------------------------------------------------------------------
+    def export_cache(self):
+        """Write the TensorRT calibration cache (chosen method) to the typed path."""
+        report = self.state.calibration
+        if report is None:
+            return None
+        try:
+            path = self.state.resolve_output(self.cache_path.value, "model.calib.cache")
+            written = report.write_trt_cache(path, self.export_method.value)
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.export_note.value = error_html(e, "writing the cache")
+            return None
+        self.export_note.value = message_html(f"TensorRT cache ({self.export_method.value}) written: {written}", "ok")
+        return written
+
+    def export_qdq(self):
+        """Save the QDQ INT8 model (chosen method's ranges) to the typed path, on a thread."""
+        report = self.state.calibration
+        if report is None:
+            return None
+        method = self.export_method.value
+        try:
+            path = self.state.resolve_output(self.qdq_path.value, "model.int8.qdq.onnx")
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.export_note.value = error_html(e, "saving the QDQ model")
+            return None
+
+        def work(progress, _cancel):
+            progress(0.2, f"quantizing with the {method} ranges")
+            return report.save_qdq(path, method)
+
+        def done(written):
+            self.export_note.value = message_html(f"QDQ model ({method}) saved: {written}", "ok")
+
+        return self.export_jobs.start("QDQ export", work, done)

@@ -1,0 +1,70 @@
+"""Show plotly figures in Output widgets as plotly's JSON mimetype (JupyterLab renders it offline), so saved
+notebooks stay small: no plotly.js copy per figure."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+MIME = "application/vnd.plotly.v1+json"
+
+
+def figure_bundle(fig: Any) -> dict:
+    """The mimebundle of ``fig``: plotly's JSON, plus a plain-text title for viewers without plotly."""
+    doc = json.loads(fig.to_json(validate=False))  # plotly's encoder: numpy arrays become plain/typed arrays
+    title = (doc.get("layout", {}).get("title") or {}).get("text") or "plotly figure"
+    return {MIME: {"data": doc.get("data", []), "layout": doc.get("layout", {}),
+                   "config": {"displaylogo": False, "responsive": True}},
+            "text/plain": f"<{title}>"}
+
+
+def show_figure(out: Any, fig: Any) -> None:
+    """Replace what Output widget ``out`` shows with ``fig`` (works without a kernel, e.g. in tests)."""
+    out.outputs = ({"output_type": "display_data", "data": figure_bundle(fig), "metadata": {}},)
+
+
+def show_figure_after_paint(out: Any, fig: Any, beacon: Any, timeout_s: float = 2.0) -> None:
+    """:func:`show_figure`, but while a cell executes, only once the browser has painted the widget holding
+    ``beacon`` (a :class:`~workbench.ui.paint.PaintBeacon`), or after ``timeout_s`` without a browser (nbclient).
+    JupyterLab loads plotly.js lazily (~1 s on first use, blocking the page); this lets the panel show first."""
+    if not _in_cell(_shell()):
+        show_figure(out, fig)
+        return
+    done = threading.Event()
+
+    def fill(*_args: Any) -> None:
+        if not done.is_set():
+            done.set()
+            show_figure(out, fig)
+
+    beacon.on_painted(fill)
+    timer = threading.Timer(timeout_s, fill)
+    timer.daemon = True
+    timer.start()
+
+
+def _shell():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _in_cell(ip: Any) -> bool:
+    """True while a kernel runs an execute request (not a widget message: a click on a tab, a button)."""
+    kernel = getattr(ip, "kernel", None)
+    if kernel is None:
+        return False
+    try:
+        parent = kernel.get_parent("shell")
+    except TypeError:
+        parent = kernel.get_parent()
+    except AttributeError:
+        parent = getattr(kernel, "_parent_header", None)
+    return (parent or {}).get("header", {}).get("msg_type") == "execute_request"
+
+
+def clear(out: Any) -> None:
+    out.outputs = ()

@@ -1,0 +1,229 @@
+"""Graph panel: the model's DAG with colour overlays, search, k-hop focus and name-scope collapsing, linked to
+the other panels through the shared selection."""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+import ipywidgets as widgets
+
+from ..plots.graph import OVERLAYS, GraphView, auto_depth, graph_payload, items_at, reveal
+from .graph_widget import GraphWidget
+from .messages import error_html, fallback_repr, message_html
+from .state import WorkbenchState
+from .style import style_tag
+
+log = logging.getLogger(__name__)
+
+#: result-free overlays; the others need a comparison
+STATIC_OVERLAYS = ("op_type", "precision")
+MAX_MATCHES = 50
+
+
+class GraphPanel(widgets.VBox):
+    """``GraphPanel(model)`` or ``GraphPanel(state=...)``. Large graphs start collapsed by name scope to at
+    most ``max_nodes`` boxes; double-click a scope to open it, search a name to reveal and centre it."""
+
+    def __repr__(self) -> str:
+        return fallback_repr(self)
+
+    def __init__(self, model: Any = None, *, state: WorkbenchState | None = None, max_nodes: int = 1500,
+                 height: int = 560, **load_kwargs: Any) -> None:
+        self.state = WorkbenchState.of(model, state=state, **load_kwargs)
+        self.max_nodes = max_nodes
+        self.view: GraphView | None = None
+        self.expanded: set[str] = set()
+        self.focus: str | None = None
+        self.canvas = GraphWidget(height=height)
+        self.overlay = widgets.Dropdown(options=[(v, k) for k, v in OVERLAYS.items()], value="op_type",
+                                        description="colour", layout=widgets.Layout(width="280px"))
+        self.depth = widgets.Dropdown(description="detail", layout=widgets.Layout(width="230px"))
+        self.search = widgets.Text(placeholder="find a node by name (Enter)", continuous_update=False,
+                                   layout=widgets.Layout(width="300px"))
+        self.hops = widgets.BoundedIntText(value=2, min=1, max=20, description="hops",
+                                           layout=widgets.Layout(width="130px"))
+        self.focus_button = widgets.Button(description="Focus", icon="crosshairs",
+                                          tooltip="show only the selected node's neighbourhood (hops)")
+        self.reset_button = widgets.Button(description="Whole graph", icon="expand")
+        self.constants = widgets.Checkbox(value=False, description="Constant nodes", indent=False,
+                                          layout=widgets.Layout(width="140px"))
+        self.message = widgets.HTML("")
+        self.info = widgets.HTML("")
+        self.show_errors = widgets.Button(description="Show in Errors", icon="line-chart", disabled=True)
+        self.overlay.observe(lambda _: self.refresh(), "value")
+        self.depth.observe(self._on_depth, "value")
+        self.constants.observe(lambda _: self._on_model(), "value")
+        self.search.observe(lambda ch: self.find(ch["new"]), "value")
+        self.focus_button.on_click(lambda _: self.focus_on(self.state.selected))
+        self.reset_button.on_click(lambda _: self.whole_graph())
+        self.show_errors.on_click(lambda _: self.state.request_show("errors"))
+        self.canvas.observe(self._on_canvas_select, "selected")
+        self.canvas.on_msg(self._on_canvas_msg)
+        self.state.observe(self._on_model, "model")
+        self.state.observe(self._on_result, "result")
+        self.state.observe(self._on_selected, "selected")
+        bar1 = widgets.HBox([self.overlay, self.depth, self.search])
+        bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.constants, self.show_errors])
+        super().__init__([style_tag(), bar1, bar2, self.message, self.canvas, self.info])
+        self._on_model()
+        if self.state.result is not None:
+            self._on_result()
+        if self.state.selected:
+            self._on_selected({"new": self.state.selected})
+
+    # --- state -> view ---------------------------------------------------------------------------------------
+    def _on_model(self, _change: Any = None) -> None:
+        model = self.state.model
+        self.expanded, self.focus = set(), None
+        if model is None:
+            self.view = None
+            self.message.value = message_html("no model loaded", "warn")
+            return
+        self.view = GraphView.from_graph(model.graph, constants=self.constants.value)
+        start = auto_depth(self.view, self.max_nodes)
+        options = [("every node", -1)] + [(f"scopes to depth {d}", d) for d in range(1, self.view.max_depth + 1)]
+        with self.hold_trait_notifications():
+            self.depth.options = options
+            self.depth.value = -1 if start is None else start
+        if start is not None:
+            self.message.value = message_html(
+                f"{len(self.view.names)} nodes: collapsed by name scope to depth {start} "
+                f"({len(items_at(self.view, start)[0])} boxes). Double-click a dashed box to open it.", "info")
+        else:
+            self.message.value = ""
+        self.refresh()
+
+    def _on_result(self, _change: Any = None) -> None:
+        if self.state.result is not None and self.overlay.value in STATIC_OVERLAYS:
+            self.overlay.value = "introduced"  # refreshes
+        else:
+            self.refresh()
+
+    def _on_selected(self, change: dict) -> None:
+        name = change["new"]
+        if not name or self.view is None or name not in self.view.index:
+            return
+        if self.focus is not None and name not in {self.view.names[i]
+                                                   for i in self.view.neighbourhood(self.focus, self.hops.value)}:
+            self.focus = name
+            self.refresh()
+        elif self.focus is None and self._depth() is not None and name not in self.canvas.data.get("ids", []):
+            self.expanded = reveal(self.view, name, self._depth(), self.expanded)
+            self.refresh()
+        self.canvas.selected = name
+        self._describe(name)
+
+    def _depth(self) -> int | None:
+        return None if self.depth.value in (None, -1) else int(self.depth.value)
+
+    def _on_depth(self, _change: Any) -> None:
+        self.expanded = set()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the view (layout, colours) and send it to the canvas."""
+        if self.view is None:
+            return
+        overlay = self.overlay.value
+        if overlay not in STATIC_OVERLAYS and self.state.result is None:
+            self.message.value = message_html(f"'{OVERLAYS[overlay]}' needs a comparison: run one in Compare", "info")
+            overlay = "op_type"
+        try:
+            self.canvas.data = graph_payload(
+                self.view, overlay=overlay, result=self.state.result, depth=self._depth(), expanded=self.expanded,
+                focus=self.focus, hops=self.hops.value, title=self.state.model.name if self.focus is None else "")
+        except Exception as e:  # noqa: BLE001 - a view that cannot be drawn is reported, not raised
+            self.message.value = error_html(e, "drawing the graph")
+
+    # --- user actions ----------------------------------------------------------------------------------------
+    def find(self, text: str) -> list[str]:
+        """Select the first node whose name contains ``text`` (case-insensitive); highlight every match."""
+        text = (text or "").strip().lower()
+        if self.view is None or not text:
+            self.canvas.highlight = []
+            return []
+        matches = [n for n in self.view.names if text in n.lower()]
+        if not matches:
+            self.message.value = message_html(f"no node name contains '{text}'", "warn")
+            self.canvas.highlight = []
+            return []
+        self.message.value = message_html(
+            f"{len(matches)} match(es)" + (f"; the first {MAX_MATCHES} highlighted" if len(matches) > MAX_MATCHES
+                                             else ""), "info")
+        for name in matches[:MAX_MATCHES]:
+            if self.focus is None and self._depth() is not None:
+                self.expanded = reveal(self.view, name, self._depth(), self.expanded)
+        if self.focus is not None:
+            self.focus = matches[0]
+        self.refresh()
+        self.canvas.highlight = matches[:MAX_MATCHES]
+        self.select(matches[0])
+        return matches
+
+    def select(self, name: str) -> None:
+        """Select node ``name`` here and in every linked panel."""
+        if self.state.selected == name:
+            self._on_selected({"new": name})
+        else:
+            self.state.selected = name
+
+    def focus_on(self, name: str | None) -> None:
+        """Show only the nodes within ``hops`` of ``name`` (the selected node)."""
+        if not name or self.view is None or name not in self.view.index:
+            self.message.value = message_html("select a node first (click it, or search its name)", "warn")
+            return
+        self.focus = name
+        self.refresh()
+        self.canvas.selected = name
+
+    def whole_graph(self) -> None:
+        self.focus, self.expanded = None, set()
+        self.message.value = ""
+        self.refresh()
+        if self.state.selected:
+            self._on_selected({"new": self.state.selected})
+
+    def _on_canvas_select(self, change: dict) -> None:
+        picked = change["new"]
+        if not picked:
+            return
+        if picked.startswith("scope:"):
+            self.info.value = message_html(f"scope {picked[6:]}: double-click it to open it", "info")
+            self.show_errors.disabled = True
+            return
+        if picked != self.state.selected:
+            self.state.selected = picked
+
+    def _on_canvas_msg(self, _widget: Any, content: dict, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("event") == "expand" and str(content.get("id", "")):
+            self.expand(str(content["id"]))
+
+    def expand(self, scope: str) -> None:
+        """Open a collapsed scope (``scope:/a/b``) one level."""
+        self.expanded.add(scope)
+        self.refresh()
+
+    def _describe(self, name: str) -> None:
+        model, result = self.state.model, self.state.result
+        node = model.graph.node(name)
+        lines = [f"<b>{html.escape(name)}</b> ({html.escape(node.op_type)}, #{node.topo_index})",
+                 "inputs: " + html.escape(", ".join(i for i in node.inputs if i)),
+                 "outputs: " + html.escape(", ".join(o for o in node.outputs if o))]
+        compared = False
+        if result is not None:
+            for t in result.tensors:
+                if t.node == name:
+                    compared = True
+                    value = t.metrics.get(result.criterion.metric)
+                    shown = f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+                    lines.append(f"{html.escape(result.criterion.metric)}: {shown}")
+                    if t.diverged:
+                        lines.append("<b style='color:#c62828'>diverged</b>")
+                    break
+            for k, c in enumerate(result.culprits, 1):
+                if c.node == name:
+                    lines.append(f"culprit #{k}: {html.escape(c.explanation)}")
+        self.show_errors.disabled = not compared
+        self.info.value = "<div class='wb-culprit'>" + "<br>".join(lines) + "</div>"

@@ -1,0 +1,144 @@
+"""Background jobs for panels: the work runs on a thread (the kernel stays responsive), a progress bar follows
+the core's ``progress(fraction, message)`` callback, Cancel sets the core's ``cancel`` Event, and any failure
+becomes a message in the panel, never an exception in the kernel."""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+
+from .messages import error_html, message_html
+
+log = logging.getLogger(__name__)
+
+#: at most this many progress updates per second reach the browser
+MAX_UPDATES_PER_S = 10
+
+
+class JobControls(widgets.VBox):
+    """A progress bar, a status line and a Cancel button for one job at a time.
+
+    ``start(name, work, on_done)`` runs ``work(progress, cancel)`` on a thread; ``on_done(value)`` runs on that
+    thread when it returns. A failure or a cancellation is shown in ``status`` (and passed to ``on_error``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, layout=widgets.Layout(width="260px"))
+        self.label = widgets.HTML("")
+        self.cancel_button = widgets.Button(description="Cancel", icon="stop", disabled=True,
+                                            layout=widgets.Layout(width="90px"))
+        self.status = widgets.HTML("")
+        self.cancel_button.on_click(lambda _: self.cancel())
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._active = False
+        self._next: tuple | None = None
+        self._last = 0.0
+        self.error: BaseException | None = None
+        self.cancelled = False
+        row = widgets.HBox([self.bar, self.cancel_button, self.label], layout=widgets.Layout(align_items="center"))
+        row.layout.display = "none"
+        self._row = row
+        super().__init__([row, self.status], **kwargs)
+
+    @property
+    def running(self) -> bool:
+        return self._active
+
+    def start(self, name: str, work: Callable[[Callable[[float, str], None], threading.Event], Any],
+              on_done: Callable[[Any], None] | None = None,
+              on_error: Callable[[BaseException], None] | None = None, *,
+              replace: bool = False) -> threading.Thread | None:
+        """Run ``work`` on a thread. If a job is running: with ``replace`` cancel it and run this one next (the
+        latest request wins, e.g. clicking layer after layer), otherwise say so and return None."""
+        job = (name, work, on_done, on_error)
+        with self._lock:
+            if self._active:
+                if not replace:
+                    self.status.value = message_html(f"{name}: wait for the running job to finish, or cancel it",
+                                                     "warn")
+                    return None
+                self._next = job
+                self._cancel.set()
+                return self._thread
+            self._next, self._active = job, True
+            self._thread = threading.Thread(target=self._loop, name=f"workbench-{name}", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                job, self._next = self._next, None
+                if job is None:
+                    self._active = False
+                    self.cancel_button.disabled = True
+                    return
+                self._cancel = threading.Event()
+            self._run(*job)
+
+    def _run(self, name: str, work, on_done, on_error) -> None:
+        cancel = self._cancel
+        self.error, self.cancelled = None, False
+        self.bar.value, self.bar.bar_style = 0.0, ""
+        self.label.value = html.escape(f"{name}: starting")
+        self.status.value = ""
+        self.cancel_button.disabled = False
+        self._row.layout.display = "flex"
+
+        def progress(fraction: float, message: str) -> None:
+            now = time.monotonic()
+            if fraction < 1.0 and now - self._last < 1.0 / MAX_UPDATES_PER_S:
+                return
+            self._last = now
+            self.bar.value = max(0.0, min(1.0, float(fraction)))
+            self.label.value = html.escape(f"{name}: {message}")
+
+        try:
+            value = work(progress, cancel)
+            if cancel.is_set():
+                raise _CancelledLate()
+            if on_done is not None:
+                on_done(value)
+            self.bar.value, self.bar.bar_style = 1.0, "success"
+            self.label.value = html.escape(f"{name}: done")
+        except BaseException as e:  # noqa: BLE001 - a job's failure is shown in the panel, never raised
+            if cancel.is_set():
+                self.cancelled = True
+                if self._next is None:  # replaced jobs end silently
+                    self.status.value = message_html(f"{name} cancelled", "warn")
+            else:
+                self.error = e
+                self.status.value = error_html(e, name)
+                if on_error is not None:
+                    try:
+                        on_error(e)
+                    except Exception:  # noqa: BLE001 - never let an error handler kill the thread loudly
+                        log.exception("error handler of %s failed", name)
+            self.bar.bar_style = "danger"
+        finally:
+            self._row.layout.display = "none"
+
+    def cancel(self) -> None:
+        """Ask the running job to stop (the core checks the Event between steps)."""
+        if self.running:
+            self._cancel.set()
+            self.label.value = html.escape("cancelling...")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job (and any queued after it) ends (tests, scripts); True if it ended."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+
+class _CancelledLate(Exception):
+    """The job returned after Cancel was pressed: its result is dropped."""

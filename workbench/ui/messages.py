@@ -1,0 +1,39 @@
+"""Messages shown in panels: errors as the WorkbenchError text (problem -- hint), never a traceback."""
+
+from __future__ import annotations
+
+import html
+import logging
+
+log = logging.getLogger(__name__)
+
+_STYLES = {"info": "wb-msg wb-info", "ok": "wb-msg wb-ok", "warn": "wb-msg wb-warn", "error": "wb-msg wb-error"}
+
+
+def message_html(text: str, kind: str = "info") -> str:
+    return f'<div class="{_STYLES.get(kind, _STYLES["info"])}">{html.escape(text)}</div>'
+
+
+def error_text(exc: BaseException) -> str:
+    """One readable line: a WorkbenchError's message and hint; anything else named as an internal error."""
+    from ..errors import WorkbenchError
+
+    if isinstance(exc, WorkbenchError):
+        return str(exc)
+    return f"internal error ({type(exc).__name__}: {exc}); the kernel log has the details"
+
+
+def error_html(exc: BaseException, what: str = "") -> str:
+    from ..errors import WorkbenchError
+
+    if not isinstance(exc, WorkbenchError):
+        log.error("%s failed", what or "a task", exc_info=exc)
+    prefix = f"{what} failed: " if what else ""
+    return message_html(prefix + error_text(exc), "error")
+
+
+def fallback_repr(panel) -> str:
+    """Short text/plain for viewers that cannot draw widgets (ipywidgets cuts it at 110 characters)."""
+    model = getattr(getattr(panel, "state", None), "model", None)
+    name = model.name if model is not None else "no model"
+    return f"{type(panel).__name__}({name}): run this cell to use it (widgets need a live kernel)"

@@ -1,0 +1,86 @@
+"""What the panels share: the model, its inspection, the latest comparison and calibration, the selected node."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from traitlets import Any as AnyTrait
+from traitlets import HasTraits, Unicode
+
+from ..errors import WorkbenchError
+from ..inspection import inspect_model
+from ..model.load import load_model
+
+log = logging.getLogger(__name__)
+
+
+class WorkbenchState(HasTraits):
+    """Observable state: panels watch it (``state.observe(fn, "result")``) instead of calling each other.
+
+    ``selected`` is a node name (the graph, the error curve and the culprit list all set and follow it);
+    ``show`` asks the enclosing :class:`~workbench.ui.Workbench` to bring a panel forward."""
+
+    model = AnyTrait(None, allow_none=True)
+    inspection = AnyTrait(None, allow_none=True)
+    result = AnyTrait(None, allow_none=True)
+    calibration = AnyTrait(None, allow_none=True)
+    selected = Unicode("")
+    show = Unicode("")
+    output_dir = Unicode("")
+
+    @classmethod
+    def of(cls, source: Any = None, *, state: WorkbenchState | None = None, **load_kwargs: Any) -> WorkbenchState:
+        """``state`` if given, else a new state on ``source`` (a path, ModelProto, LoadedModel, nn.Module)."""
+        if state is not None:
+            if source is not None and state.model is None:
+                state.load(source, **load_kwargs)
+            return state
+        if isinstance(source, WorkbenchState):
+            return source
+        made = cls()
+        if source is not None:
+            made.load(source, **load_kwargs)
+        return made
+
+    def load(self, source: Any, **load_kwargs: Any) -> None:
+        """Load a model (see :func:`workbench.load_model`); clears results made on the previous one."""
+        model = load_model(source, **load_kwargs)
+        self.inspection = None
+        self.result = None
+        self.calibration = None
+        self.selected = ""
+        self.model = model
+
+    def request_show(self, panel: str) -> None:
+        """Ask the enclosing Workbench to bring ``panel`` ("errors", "graph", ...) forward."""
+        self.show = ""
+        self.show = panel
+
+    def require_model(self):
+        if self.model is None:
+            raise WorkbenchError("no model loaded", "pass a model: Workbench('model.onnx')")
+        return self.model
+
+    def inspect(self):
+        """The model's inspection against the default targets, without runtime probes (cached)."""
+        if self.inspection is None:
+            self.inspection = inspect_model(self.require_model(), probe=False)
+        return self.inspection
+
+    def out_dir(self) -> Path:
+        """Where exports go unless the user types a path: a fresh temporary folder, never the working directory."""
+        if not self.output_dir:
+            self.output_dir = tempfile.mkdtemp(prefix="workbench-")
+            log.info("exports go to %s", self.output_dir)
+        path = Path(self.output_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def resolve_output(self, typed: str, default_name: str) -> Path:
+        """An absolute output path: ``typed`` as given when absolute (``~`` expanded), else under :meth:`out_dir`."""
+        text = (typed or "").strip()
+        path = Path(text).expanduser() if text else Path(default_name)
+        return path if path.is_absolute() else self.out_dir() / path

@@ -1,0 +1,120 @@
+"""``Workbench(model)``: every panel in one tabbed layout, sharing one state (model, result, selected node)."""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+import ipywidgets as widgets
+
+from .calibration_panel import CalibrationPanel
+from .compare_panel import ComparePanel
+from .errors_panel import ErrorsPanel
+from .graph_panel import GraphPanel
+from .messages import error_html, fallback_repr
+from .model_panel import ModelPanel
+from .state import WorkbenchState
+from .style import style_tag
+
+log = logging.getLogger(__name__)
+
+#: tab key -> title, in display order
+PANELS = {"model": "Model", "compare": "Compare", "errors": "Errors", "graph": "Graph", "calibration": "Calibration"}
+
+
+class Workbench(widgets.VBox):
+    """The notebook workbench on ``model`` (a path, bytes, ModelProto, LoadedModel, or a torch.nn.Module with
+    ``example_inputs=``). Panels are built when their tab is first opened; ``panel("compare")`` builds one on
+    demand. A culprit clicked in Compare, a point clicked in Errors and a node clicked in Graph select the same
+    node everywhere."""
+
+    def __repr__(self) -> str:
+        return fallback_repr(self)
+
+    def __init__(self, model: Any = None, *, reference: str = "ort", candidate: str = "ort:fp16",
+                 output_dir: str | None = None, state: WorkbenchState | None = None, **load_kwargs: Any) -> None:
+        self.header = widgets.HTML()
+        self._options = {"reference": reference, "candidate": candidate}
+        self._panels: dict[str, widgets.Widget] = {}
+        self.tabs = widgets.Tab(children=[widgets.VBox() for _ in PANELS], titles=list(PANELS.values()))
+        self.tabs.observe(self._on_tab, "selected_index")
+        try:
+            self.state = WorkbenchState.of(model, state=state, **load_kwargs)
+        except Exception as e:  # noqa: BLE001 - a bad model is a message in the widget, not a dead cell
+            self.state = state or WorkbenchState()
+            self.header.value = error_html(e, "loading the model")
+        if output_dir:
+            self.state.output_dir = str(output_dir)
+        self.state.observe(self._on_show, "show")
+        self.state.observe(lambda _: self._title(), "model")
+        super().__init__([style_tag(), self.header, self.tabs])
+        self._title()
+        self.panel("model")
+
+    def _title(self) -> None:
+        model = self.state.model
+        if model is None:
+            return
+        self.header.value = (f'<div class="wb-title">onnx-drift-workbench &middot; {html.escape(model.name)} '
+                             f'&middot; {len(model.proto.graph.node)} nodes</div>')
+
+    def panel(self, key: str) -> widgets.Widget:
+        """The panel under tab ``key`` ("model", "compare", "errors", "graph", "calibration"), built if needed."""
+        if key not in PANELS:
+            raise KeyError(f"no panel {key!r}; use one of {', '.join(PANELS)}")
+        if key not in self._panels:
+            self._panels[key] = self._build(key)
+            index = list(PANELS).index(key)
+            self.tabs.children[index].children = (self._panels[key],)
+        return self._panels[key]
+
+    def _build(self, key: str) -> widgets.Widget:
+        try:
+            if key == "model":
+                return ModelPanel(state=self.state)
+            if key == "compare":
+                return ComparePanel(state=self.state, **self._options)
+            if key == "errors":
+                return ErrorsPanel(state=self.state)
+            if key == "graph":
+                return GraphPanel(state=self.state)
+            return CalibrationPanel(state=self.state)
+        except Exception as e:  # noqa: BLE001 - one broken panel must not take the others down
+            return widgets.HTML(error_html(e, f"building the {PANELS[key]} panel"))
+
+    def show(self, key: str) -> widgets.Widget:
+        """Bring tab ``key`` forward (building its panel)."""
+        panel = self.panel(key)
+        self.tabs.selected_index = list(PANELS).index(key)
+        return panel
+
+    def _on_tab(self, change: dict) -> None:
+        index = change["new"]
+        if index is not None:
+            self.panel(list(PANELS)[index])
+
+    def _on_show(self, change: dict) -> None:
+        if change["new"] in PANELS:
+            self.show(change["new"])
+
+    # shortcuts for scripts and tests
+    @property
+    def model_panel(self):
+        return self.panel("model")
+
+    @property
+    def compare_panel(self):
+        return self.panel("compare")
+
+    @property
+    def errors_panel(self):
+        return self.panel("errors")
+
+    @property
+    def graph_panel(self):
+        return self.panel("graph")
+
+    @property
+    def calibration_panel(self):
+        return self.panel("calibration")
