@@ -5,8 +5,9 @@ Heavy modules (onnx, onnxruntime, torch, openvino, tensorrt, ipywidgets) are imp
 
 from __future__ import annotations
 
-import importlib
 import logging
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -21,14 +22,4 @@ _LAZY = {
     "Workbench": "workbench.ui.workbench",
 }
 
-__all__ = ["__version__", *_LAZY]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(__all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY, extra=("__version__",))

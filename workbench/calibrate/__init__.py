@@ -9,7 +9,7 @@ on the model's outputs, representativeness of the calibration data, TensorRT cac
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _LAZY = {
     "calibrate": "workbench.calibrate.api",
@@ -27,14 +27,4 @@ _LAZY = {
     "METHODS": "workbench.calibrate.methods",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'workbench.calibrate' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

@@ -3,7 +3,7 @@ Model Explorer node data, Netron). Submodules are imported on first use."""
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _LAZY = {
     "save_bundle": "workbench.report.bundle",
@@ -33,14 +33,4 @@ _LAZY = {
     "ModelMismatchError": "workbench.report.safety",
 }
 
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'workbench.report' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(__all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

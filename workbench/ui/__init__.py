@@ -10,7 +10,7 @@ a progress bar and Cancel, so the kernel stays responsive.
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _LAZY = {
     "Workbench": "workbench.ui.workbench",
@@ -23,14 +23,4 @@ _LAZY = {
     "CalibrationPanel": "workbench.ui.calibration_panel",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'workbench.ui' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)
