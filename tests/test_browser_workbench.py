@@ -5,13 +5,12 @@ calibrate and see a histogram. Screenshots go to $WORKBENCH_ARTIFACTS (or a temp
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, load_file
 
 pytestmark = pytest.mark.browser
 
@@ -19,10 +18,7 @@ CULPRIT = "/bn_big_var/BatchNormalization"
 
 
 def _harness():
-    spec = importlib.util.spec_from_file_location("bench_ui", REPO / "benchmarks" / "bench_ui.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(REPO / "benchmarks" / "bench_ui.py")
 
 
 H = _harness()

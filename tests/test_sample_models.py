@@ -7,7 +7,6 @@ emulated with numpy float16 casts or ``onnx.reference.ReferenceEvaluator`` on th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import warnings
@@ -16,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import load_file
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -28,10 +28,7 @@ MODEL_NAMES = ["cnn_fp16_overflow", "transformer_block", "fp16_clamp_constant", 
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("make_sample_models", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT)
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,13 @@ check what they show. Long work runs on threads; failures and cancellation becom
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import io
 import threading
 import time
 
 import numpy as np
 import pytest
-from conftest import REPO, SAMPLES
+from conftest import REPO, SAMPLES, load_file
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
@@ -32,10 +31,7 @@ CULPRIT = "/bn_big_var/BatchNormalization"
 
 def bench_ui():
     """benchmarks/bench_ui.py: the synthetic graph generator and the browser harness."""
-    spec = importlib.util.spec_from_file_location("bench_ui", REPO / "benchmarks" / "bench_ui.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(REPO / "benchmarks" / "bench_ui.py")
 
 
 def _outputs_text(out) -> str:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 
 import pytest
-from conftest import REPO, SAMPLES
+from conftest import REPO, SAMPLES, load_file
 
 pytest.importorskip("plotly")
 
@@ -25,9 +24,7 @@ from workbench.plots.graph_layout import layered_layout  # noqa: E402
 
 
 def _synthetic(n: int):
-    spec = importlib.util.spec_from_file_location("bench_ui", REPO / "benchmarks" / "bench_ui.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(REPO / "benchmarks" / "bench_ui.py")
     from workbench import load_model
 
     return load_model(module.synthetic_model(n)).graph
