@@ -31,7 +31,7 @@ class TensorProbe:
                  val_ranges: dict[str, tuple[float, float]] | None = None, keep_fp32: Sequence[str] = (),
                  calibration_feeds: Any = None, engine_options: dict[str, dict] | None = None,
                  isolate: bool | None = None, mark: str = "all", memory_budget: str | int | None = None) -> None:
-        from .compare.api import _cast_feeds, make_engine
+        from .compare.api import cast_feeds, make_engine
         from .engines.spec import EngineSpec
         from .inputs import check_feeds, feeds_from, random_feeds
         from .model.load import load_model
@@ -56,7 +56,7 @@ class TensorProbe:
             variant = self._variant(self.cand_spec.variant, calib, keep_fp32)
             self.cand_model = variant.model
             self.views = {**variant.tensor_map, **variant.details.get("qdq_outputs", {})}
-        self.cand_feeds = _cast_feeds(self.cand_model, self.feeds)
+        self.cand_feeds = cast_feeds(self.cand_model, self.feeds)
         if mark not in ("all", "one"):
             raise WorkbenchError(f"unknown mark {mark!r}", "use 'all' or 'one'")
         self.mark = mark
@@ -102,13 +102,13 @@ class TensorProbe:
     def _all_pairs(self) -> dict[str, str] | None:
         """Reference tensor -> candidate tensor for every pair compare() marks; None if they exceed the budget."""
         if self._pairs is None:
-            from .compare.api import _infer
+            from .compare.api import infer_shapes_lenient
             from .compare.budget import parse_size, tensor_bytes
             from .compare.pairs import pair_tensors
             from .model.graph import GraphInfo
 
-            ref_graph = GraphInfo.build(_infer(self.ref_model))
-            pairs = pair_tensors(ref_graph, _infer(self.cand_model), self.views)
+            ref_graph = GraphInfo.build(infer_shapes_lenient(self.ref_model))
+            pairs = pair_tensors(ref_graph, infer_shapes_lenient(self.cand_model), self.views)
             sizes = tensor_bytes(self.ref_model, self.feeds[0])
             total = 2 * sum(sizes.get(p.tensor) or 0 for p in pairs)
             if total > parse_size(self.budget):

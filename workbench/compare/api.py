@@ -65,7 +65,7 @@ def _feeds(model: onnx.ModelProto, feeds: Any, seed: int, shapes, ranges, count:
     return given, {"source": source, "count": len(given)}
 
 
-def _cast_feeds(model: onnx.ModelProto, feeds: list[dict]) -> list[dict]:
+def cast_feeds(model: onnx.ModelProto, feeds: list[dict]) -> list[dict]:
     """Cast feeds to a candidate's own input dtypes (a user's FP16 export may take float16 inputs)."""
     dtypes = {}
     for vi in model.graph.input:
@@ -76,7 +76,8 @@ def _cast_feeds(model: onnx.ModelProto, feeds: list[dict]) -> list[dict]:
              if k in dtypes or not dtypes} for f in feeds]
 
 
-def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+def infer_shapes_lenient(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A shape-inferred copy of ``model``, or ``model`` itself where inference fails (types are a best effort)."""
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - types for isolation inputs are a best effort
@@ -150,7 +151,7 @@ def compare(
     ref_variant = _variant(loaded, ref_spec, feeds_list, keep_fp32, calibration_feeds) if ref_spec.variant != "fp32" \
         else None
     ref_model = ref_variant.model if ref_variant else loaded.proto
-    ref_graph = GraphInfo.build(_infer(ref_model)) if ref_variant else loaded.graph
+    ref_graph = GraphInfo.build(infer_shapes_lenient(ref_model)) if ref_variant else loaded.graph
     if cand_model is not None:
         if cand_spec.variant != "fp32":
             raise SpecError(f"--cand-model is already the candidate's variant; drop ':{cand_spec.variant}' from "
@@ -167,7 +168,7 @@ def compare(
         clamps = variant_info.get("clamped", [])
     timing["variant_s"] = time.perf_counter() - t0
 
-    cand_inferred = _infer(cand_proto)
+    cand_inferred = infer_shapes_lenient(cand_proto)
     pairs = pair_tensors(ref_graph, cand_inferred, views)
     ref_inputs = set(ref_graph.inputs)
     known = {p.candidate: p.tensor for p in pairs}
@@ -179,7 +180,7 @@ def compare(
     cand_engine = candidate_engine or make_engine(cand_spec, isolate=isolate,
                                                   options=engine_options.get(cand_spec.engine), timeout_s=timeout_s)
     chosen = mode if mode != "auto" else ("all" if getattr(cand_engine, "marks_all_cheaply", True) else "bisect")
-    cand_feeds = _cast_feeds(cand_inferred, feeds_list)
+    cand_feeds = cast_feeds(cand_inferred, feeds_list)
     ctx = Context(
         ref_engine=ref_engine, cand_engine=cand_engine, ref_model=ref_model, cand_model=cand_inferred,
         feeds=feeds_list, cand_feeds=cand_feeds, pairs=pairs, criterion=crit,
