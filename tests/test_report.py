@@ -52,7 +52,7 @@ def test_layer_error_curve(clamp, healthy):
     ys = plots.layer_error_curve(exact).data[0].y
     assert all(math.isfinite(y) for y in ys)
     assert [t.name for t in plots.layer_error_curve(healthy).data] == ["sqnr_db"]
-    tb = compare(SAMPLES / "transformer_block.onnx", "ort", "ort:fp16", feeds=SAMPLES / "transformer_block_inputs.npz")
+    tb = compare(SAMPLES / "transformer_block.onnx", "ref", "ref:fp16", feeds=SAMPLES / "transformer_block_inputs.npz")
     odd = [t for t in plots.layer_error_curve(tb).data if t.name == "inf/NaN mismatch"]
     assert odd and tb.first_divergent.topo_index in list(odd[0].x)  # diverged by inf, not by SQNR
     log = plots.layer_error_curve(result, "max_abs")

@@ -148,7 +148,10 @@ def test_manifest(manifest):
         assert entry["nodes"] == len(model.graph.node)
         fault = entry["fault"]
         assert set(fault) >= {"kind", "node", "tensor", "op_type", "pair", "explanation"}
-        assert fault["pair"]["reference"] == "ort"
+        # FP16 arithmetic overflow reaches the outputs only in FP16 arithmetic (ref:fp16); ORT's CPU provider
+        # computes in FP32 and keeps it an internal dip, so those faults name the ref/ref:fp16 pair
+        expected = "ref" if fault["kind"] == "fp16_overflow" else "ort"
+        assert fault["pair"]["reference"] == expected
         if fault["kind"] is None:
             continue
         nodes = {n.name: n for g in _all_graphs(model.graph) for n in g.node}

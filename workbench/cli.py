@@ -53,9 +53,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .compare.api import compare
+    from .compare.criterion import Criterion
     from .compare.text import render
     from .inputs import parse_range_overrides, parse_shape_overrides
 
+    if args.criterion:
+        Criterion.parse(args.criterion)  # a bad criterion fails before the comparison, not after
     result = compare(
         args.model, args.ref, args.cand, feeds=args.inputs, cand_model=args.cand_model, mode=args.mode,
         criterion=args.criterion, memory_budget=args.memory_budget, seed=args.seed, feed_count=args.feeds,
@@ -63,6 +66,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         val_ranges=parse_range_overrides(args.val_range) if args.val_range else None,
         keep_fp32=args.keep_fp32 or (), calibration_feeds=args.calib, culprits=not args.no_culprits,
         isolate={"auto": None, "yes": True, "no": False}[args.isolate], timeout_s=args.timeout,
+        impact=args.impact, fail_on_internal_dips=args.fail_on_internal_dips,
         progress=_progress_logger() if args.verbose else None,
     )
     if args.json:
@@ -70,7 +74,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _save_report_and_bundle(args, result)
     if args.json != "-":
         print(render(result))
-    return EXIT_DIVERGED if result.diverged else EXIT_OK
+    return EXIT_DIVERGED if result.failed else EXIT_OK
 
 
 def _save_report_and_bundle(args: argparse.Namespace, result) -> None:
@@ -170,6 +174,21 @@ def _feeds_arg(text: str):
     return text
 
 
+def _whole(lo: int):
+    """argparse type: a whole number >= ``lo``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum {lo}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
 def _progress_logger():
     last = [-1]
 
@@ -220,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--criterion", metavar="METRIC<VALUE", help="when a tensor diverges, e.g. sqnr_db<30, "
                    "norm_mean_abs>0.1 (default per candidate precision)")
     p.add_argument("--no-culprits", action="store_true", help="skip running nodes alone (faster)")
+    p.add_argument("--impact", type=_whole(0), default=5, metavar="N", help="measure what fixing each of the top N "
+                   "culprits gains on the outputs; harmless ones rank last (default 5, 0: off)")
+    p.add_argument("--fail-on-internal-dips", action="store_true", help="exit 1 also when only internal tensors "
+                   "fall under the criterion while the outputs pass (a stricter CI gate)")
     p.add_argument("--isolate", choices=["auto", "yes", "no"], default="auto",
                    help="run engines in a worker process (auto: TensorRT and GPU providers)")
     p.add_argument("--timeout", type=float, metavar="S", help="worker timeout in seconds (isolated engines)")

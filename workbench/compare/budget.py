@@ -2,58 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from ..errors import WorkbenchError
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
-
-
-def parse_size(text: str | int | None) -> int:
-    """``"512M"``, ``"2G"``, ``"1.5GiB"``, ``1048576`` -> bytes; None -> the default budget."""
-    if text is None:
-        return default_budget()
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise WorkbenchError(f"cannot read memory size {text!r}", "write e.g. 512M, 2G or 1.5GiB")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if size <= 0:
-        raise WorkbenchError(f"memory size {text!r} must be positive", "write e.g. 512M or 2G")
-    return size
-
-
-def default_budget() -> int:
-    """A quarter of physical memory, at most 4 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 8 << 30
-    return int(min(total // 4, 4 << 30))
+from ..core.budget import default_budget, parse_size  # noqa: F401 - re-exported
+from ..core.shapes import infer_shapes_lenient
 
 
 def infer_for_feed(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """A shape-inferred copy of ``model`` with its input shapes fixed to this feed's (estimates: best effort)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for vi in m.graph.input:
-        if vi.name in feed and vi.type.HasField("tensor_type"):
-            shape = vi.type.tensor_type.shape
-            del shape.dim[:]
-            for d in np.shape(feed[vi.name]):
-                shape.dim.add().dim_value = int(d)
-    try:
-        return onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - estimates only; unknown shapes fall back to what callers assume
-        return m
+    """A shape-inferred, weight-free copy of ``model`` with its input shapes fixed to this feed's (estimates)."""
+    shapes = {name: np.shape(v) for name, v in feed.items()}
+    return infer_shapes_lenient(model, data_prop=True, input_shapes=shapes)
 
 
 def tensor_bytes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, int | None]:

@@ -1,33 +1,47 @@
-"""When is a tensor "diverged"? A threshold on one metric, with defaults per candidate precision.
+"""When is a tensor "diverged"? A threshold on one metric, with defaults per precision family, aware of the
+precision floor.
 
-Ordinary FP16 rounding gives 45-60 dB SQNR on healthy layers and INT8 quantization 20-40 dB, so a
-fixed elementwise tolerance (Polygraphy's 1e-5 default) flags everything. The defaults here sit well
-below healthy rounding noise and well above a real break; a non-finite value on one side only always
-counts as divergence.
+Ordinary FP16 rounding gives 45-60 dB SQNR on healthy layers and INT8 quantization 20-40 dB, so a fixed
+elementwise tolerance (Polygraphy's 1e-5 default) flags everything. The defaults sit well below healthy rounding
+noise and well above a real break; a non-finite value on one side only always counts. A tensor whose error is at
+its precision floor (:mod:`workbench.compare.floor`) while the floor itself fails the criterion through underflow
+(values below the format's smallest subnormal) is "at its floor", not diverged: the format cannot hold those
+values, and no node is at fault.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
+from ..core.metric_info import HIGHER_IS_BETTER, JUDGED
 from ..errors import WorkbenchError
-from .metrics import HIGHER_IS_BETTER, METRICS
 
-#: candidate precision -> (metric, threshold). FP32 engine pairs agree to 90+ dB; FP16 rounding gives 45-60 dB on
-#: healthy layers; INT8 is judged by the typical error relative to the typical value (healthy tensors sit at
-#: 0.01-0.03; outlier-crushed ones near 1), because SQNR is dominated by the very outliers that do the damage.
-DEFAULTS = {"fp32": ("sqnr_db", 60.0), "fp16": ("sqnr_db", 30.0), "int8": ("norm_mean_abs", 0.1)}
+#: precision family -> (metric, threshold). FP32 engine pairs agree to 90+ dB; FP16 rounding gives 45-60 dB on
+#: healthy layers and BF16 (8-bit mantissa) about 25-45 dB; INT8 is judged by the typical error relative to the
+#: typical value (healthy tensors 0.01-0.03; outlier-crushed ones near 1), as SQNR is dominated by the outliers.
+DEFAULTS = {"fp32": ("sqnr_db", 60.0), "fp16": ("sqnr_db", 30.0), "bf16": ("sqnr_db", 20.0),
+            "int8": ("norm_mean_abs", 0.1)}
 #: absolute floor: errors at most this large never count. Only for FP32 engine pairs, where differences below
-#: 1e-6 are float32 round-off whatever the tensor's scale (e.g. a Sigmoid driven to 1e-7 by random inputs:
-#: 35 dB "SQNR" from 1.3e-7 differences). FP16/INT8 keep 0: a tiny tensor scaled up later can carry the fault.
-DEFAULT_ATOL = {"fp32": 1e-6, "fp16": 0.0, "int8": 0.0}
+#: 1e-6 are float32 round-off whatever the tensor's scale (e.g. a Sigmoid driven to 1e-7 by random inputs).
+DEFAULT_ATOL = {"fp32": 1e-6}
+
+_PATTERN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*(\S+)\s*$")
+
+
+class CriterionError(WorkbenchError):
+    """A criterion text that cannot be read or that would judge the wrong way round."""
+
+    default_hint = "write METRIC<VALUE for closeness metrics (sqnr_db<30, cosine<0.999) or METRIC>VALUE for " \
+                   "error metrics (max_abs>1e-3, norm_mean_abs>0.1); append ,atol=1e-6 for an absolute floor"
 
 
 @dataclass(frozen=True)
 class Criterion:
-    """A tensor diverges when ``metric`` is worse than ``threshold`` (below it for sqnr_db and cosine,
-    above it for error metrics) or when non-finite values disagree."""
+    """A tensor diverges when ``metric`` is worse than ``threshold`` (below it for sqnr_db and cosine, above it
+    for error metrics) or when non-finite values disagree. ``atol``: errors with max_abs at most this never count.
+    """
 
     metric: str = "sqnr_db"
     threshold: float = 30.0
@@ -35,48 +49,77 @@ class Criterion:
     atol: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS or self.metric == "nonfinite_mismatch":
-            raise WorkbenchError(f"unknown criterion metric {self.metric!r}",
-                                 f"use one of {', '.join(m for m in METRICS if m != 'nonfinite_mismatch')}")
+        if self.metric not in JUDGED:
+            raise CriterionError(f"unknown criterion metric {self.metric!r}", f"use one of {', '.join(JUDGED)}")
+        if not isinstance(self.threshold, (int, float)) or not math.isfinite(self.threshold):
+            raise CriterionError(f"criterion threshold {self.threshold!r} is not a finite number",
+                                 "write e.g. sqnr_db<30")
+        if not math.isfinite(self.atol) or self.atol < 0:
+            raise CriterionError(f"criterion atol {self.atol!r} must be a finite number >= 0", "write e.g. atol=1e-6")
 
     @classmethod
-    def default_for(cls, variant: str) -> Criterion:
-        """The default for a candidate precision ("fp32", "fp16", "int8")."""
-        metric, threshold = DEFAULTS.get(variant, DEFAULTS["fp32"])
-        return cls(metric, threshold, atol=DEFAULT_ATOL.get(variant, 0.0))
+    def default_for(cls, family: str) -> Criterion:
+        """The default for a precision family ("fp32", "fp16", "bf16", "int8"; variants "fp16"/"int8" too)."""
+        metric, threshold = DEFAULTS.get(family, DEFAULTS["fp32"])
+        return cls(metric, threshold, atol=DEFAULT_ATOL.get(family, 0.0))
 
     @classmethod
     def parse(cls, text: str) -> Criterion:
         """``"sqnr_db<30"``, ``"cosine<0.999"``, ``"norm_max_abs>1e-2"``, ``"max_abs>1e-3"``; append
-        ``",atol=1e-6"`` for an absolute floor."""
-        head, _, tail = text.partition(",")
+        ``",atol=1e-6"`` for an absolute floor. The operator must point the way divergence lies: ``sqnr_db>30``
+        (diverged when agreement is BETTER than 30 dB) is refused, never silently flipped."""
+        head, _, tail = str(text).partition(",")
         atol = 0.0
         if tail:
             key, _, value = tail.partition("=")
-            try:
-                atol = float(value) if key.strip() == "atol" else float("nan")
-            except ValueError:
-                atol = float("nan")
-            if math.isnan(atol):
-                raise WorkbenchError(f"cannot read criterion {text!r}", "write e.g. sqnr_db<60,atol=1e-6")
-        for sep in ("<", ">"):
-            if sep in head:
-                metric, _, value = head.partition(sep)
-                try:
-                    return cls(metric.strip(), float(value), atol=atol)
-                except ValueError:
-                    break
-        raise WorkbenchError(f"cannot read criterion {text!r}", "write METRIC<VALUE or METRIC>VALUE, e.g. sqnr_db<30")
+            if key.strip() != "atol":
+                raise CriterionError(f"cannot read criterion {text!r}: unknown option {key.strip()!r}")
+            atol = _number(value, text)
+        m = _PATTERN.match(head)
+        if not m:
+            raise CriterionError(f"cannot read criterion {text!r}")
+        metric, op, value = m.group(1), m.group(2), _number(m.group(3), text)
+        if metric not in JUDGED:
+            raise CriterionError(f"unknown criterion metric {metric!r} in {text!r}", f"use one of {', '.join(JUDGED)}")
+        wanted = "<" if metric in HIGHER_IS_BETTER else ">"
+        if op[0] != wanted:
+            better = "higher" if metric in HIGHER_IS_BETTER else "lower"
+            side = "above" if op[0] == ">" else "below"
+            raise CriterionError(
+                f"criterion {text!r} would call a tensor diverged when its {metric} is {side} "
+                f"{value:g}, i.e. when it agrees better ({better} {metric} is closer)",
+                f"write {metric}{wanted}{value:g}: a criterion says when a tensor diverges")
+        return cls(metric, value, atol=atol)
 
-    def diverged(self, metrics: dict) -> bool:
-        if self.nonfinite and (metrics.get("nonfinite_mismatch") or 0) > 0:
-            return True
+    def fails(self, metrics: dict) -> bool:
+        """The metric is past the threshold (ignores non-finite mismatches and floors)."""
         if self.atol > 0 and metrics.get("max_abs") is not None and metrics["max_abs"] <= self.atol:
             return False
         value = metrics.get(self.metric)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return False
         return value < self.threshold if self.metric in HIGHER_IS_BETTER else value > self.threshold
+
+    def diverged(self, metrics: dict, floor: dict | None = None) -> bool:
+        """Non-finite mismatch, or past the threshold and not :meth:`at_floor`."""
+        if self.nonfinite and (metrics.get("nonfinite_mismatch") or 0) > 0:
+            return True
+        return self.fails(metrics) and not self.at_floor(metrics, floor)
+
+    def at_floor(self, metrics: dict, floor: dict | None) -> bool:
+        """The tensor fails only because its format cannot hold the reference values: the floor itself fails
+        through underflow (values flushed below the smallest subnormal, no overflow) and the measured error is
+        within :data:`~workbench.compare.floor.FLOOR_MARGIN_DB` of it."""
+        from .floor import FLOOR_MARGIN_DB, excess_db
+
+        if not floor or not self.fails(metrics) or not self.fails(floor):
+            return False
+        if (floor.get("nonfinite_mismatch") or 0) > 0 or (floor.get("share_over_max") or 0) > 0:
+            return False
+        if not (floor.get("share_flushed") or 0) > 0 or floor.get("format") not in ("fp16", "bf16"):
+            return False
+        excess = excess_db(self.metric, metrics, floor)
+        return excess is not None and excess <= FLOOR_MARGIN_DB
 
     def badness(self, metrics: dict) -> float:
         """A sort key: larger is worse. Non-finite mismatches rank first."""
@@ -93,6 +136,11 @@ class Criterion:
             text += f" (and max_abs > {self.atol:g})"
         return text + (" or non-finite mismatch" if self.nonfinite else "")
 
+    def text(self) -> str:
+        """The criterion as ``--criterion`` takes it."""
+        op = "<" if self.metric in HIGHER_IS_BETTER else ">"
+        return f"{self.metric}{op}{self.threshold:g}" + (f",atol={self.atol:g}" if self.atol else "")
+
     def to_json(self) -> dict:
         return asdict(self) | {"text": self.describe()}
 
@@ -100,3 +148,14 @@ class Criterion:
     def from_json(cls, doc: dict) -> Criterion:
         return cls(doc["metric"], float(doc["threshold"]), bool(doc.get("nonfinite", True)),
                    float(doc.get("atol", 0.0)))
+
+
+def _number(text: str, whole: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise CriterionError(f"cannot read the number {text.strip()!r} in criterion {whole!r}") from None
+    if not math.isfinite(value):
+        raise CriterionError(f"criterion {whole!r} has a non-finite number ({text.strip()})",
+                             "use a finite threshold, e.g. sqnr_db<30")
+    return value

@@ -2,40 +2,71 @@
 
 from __future__ import annotations
 
+import math
+
+from .floor import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from .metrics import ErrorStats
 
-FP16_MAX = 65504.0
-FP16_MIN_NORMAL = 6.104e-05
+#: a reduction this long, summed in FP16, loses accuracy visibly (FP16 has an 11-bit significand)
+LONG_REDUCTION = 1024
+_REDUCTIONS = {"MatMul": "products", "Gemm": "products", "Conv": "products", "Softmax": "exponentials",
+               "LogSoftmax": "exponentials", "LayerNormalization": "values", "ReduceMean": "values",
+               "ReduceSum": "values"}
 
 
 def explain(
-    node: str, variant: str, introduced: ErrorStats, received: dict, clamps: list[dict], outlier_ratio: float = 50.0,
-    tensor: str | None = None,
+    node: str, family: str, introduced: ErrorStats, received: dict, clamps: list[dict], outlier_ratio: float = 50.0,
+    tensor: str | None = None, floor: dict | None = None, op_type: str = "", reduction: int | None = None,
+    beyond: float | None = None,
 ) -> str:
-    """Say what the numbers point to: a converter clamp used by this node, FP16 overflow, INT8 outliers."""
+    """Say what the numbers point to: a constant the converter (or the user's file) changed, FP16 overflow or
+    underflow of activations, a long FP16 reduction, INT8 outliers or clipping. ``family``: the candidate's
+    precision family (fp32, fp16, bf16, int8); ``floor``: the output tensor's floor summary."""
     m = introduced.metrics()
     parts = []
     for clamp in clamps:
         orig, conv = clamp.get("original"), clamp.get("converted")
         what = f" from {_num(orig)} to {_num(conv)}" if orig is not None and conv is not None else ""
         count = f"{clamp['count']} value{'s' if clamp['count'] != 1 else ''}"
+        who = clamp.get("by") or "the FP16 converter"
+        verb = {"requantized": "re-quantized"}.get(clamp.get("kind"), "clamped")
         if node in clamp.get("consumers", []):
-            parts.append(f"the FP16 converter clamped constant '{clamp['name']}'{what} ({clamp['kind']}, {count}) "
+            parts.append(f"{who} {verb} constant '{clamp['name']}'{what} ({clamp['kind']}, {count}) "
                          "and this node uses it")
         elif tensor is not None and clamp.get("name") == tensor:
             users = ", ".join(clamp.get("consumers", [])[:3]) or "no node"
-            parts.append(f"the FP16 converter clamped this constant{what} ({clamp['kind']}, {count}); used by {users}")
-    if variant == "fp16" and introduced.max_ref > FP16_MAX:
-        parts.append(f"reference values reach {_num(introduced.max_ref)}, beyond FP16's largest finite value 65504")
+            parts.append(f"{who} {verb} this constant{what} ({clamp['kind']}, {count}); used by {users}")
+    fmt = (floor or {}).get("format")
+    if family in ("fp16", "bf16") and (introduced.max_ref > FP16_MAX and family == "fp16"
+                                       or (floor or {}).get("share_over_max")):
+        parts.append(f"reference values reach {_num(introduced.max_ref)}, beyond {family.upper()}'s largest finite "
+                     f"value{' 65504' if family == 'fp16' else ''}")
+    if fmt in ("fp16", "bf16") and (floor.get("share_flushed") or 0) > 0.01:
+        tiny = f"smallest subnormal {FP16_MIN_SUBNORMAL:.1e}" if fmt == "fp16" else "smallest normal"
+        parts.append(f"{100 * floor['share_flushed']:.0f}% of its reference values are below {fmt.upper()}'s {tiny} "
+                     f"and flush to zero (its floor is {_db(floor.get('sqnr_db'))}: the format's limit, not the node)")
+    elif fmt == "fp16" and (floor.get("share_under_min_normal") or 0) > 0.1:
+        parts.append(f"{100 * floor['share_under_min_normal']:.0f}% of its reference values are FP16 subnormals "
+                     f"(below {FP16_MIN_NORMAL:.1e}), with fewer significant bits")
     if m.get("nonfinite_mismatch"):
         parts.append(f"{m['nonfinite_mismatch']} inf/NaN values appear where the reference has finite ones")
-    if variant == "int8" and introduced.mean_ref > 0 and introduced.max_ref / introduced.mean_ref > outlier_ratio:
+    if family in ("fp16", "bf16") and reduction and reduction >= LONG_REDUCTION and op_type in _REDUCTIONS and \
+            (beyond is None or (isinstance(beyond, float) and math.isfinite(beyond) and beyond < 60)):
+        parts.append(f"it sums {reduction} {_REDUCTIONS[op_type]} per output in {family.upper()}")
+    if family == "int8" and introduced.mean_ref > 0 and introduced.max_ref / introduced.mean_ref > outlier_ratio:
         parts.append(f"its values peak at {_num(introduced.max_ref)}, {introduced.max_ref / introduced.mean_ref:.0f}x "
                      f"their mean magnitude {_num(introduced.mean_ref)}: outliers set the INT8 scale and crush the "
                      "ordinary values")
+    if fmt and fmt not in ("fp16", "bf16") and (floor.get("share_over_max") or 0) > 0.001:
+        parts.append(f"{100 * floor['share_over_max']:.1f}% of its values lie beyond the {fmt.upper()} grid's range "
+                     "and are clipped (saturation)")
     sqnr, rsqnr = m.get("sqnr_db"), received.get("sqnr_db")
     if isinstance(sqnr, float) and isinstance(rsqnr, float):
-        parts.append(f"alone it gives {_db(sqnr)} SQNR from exact inputs (its inputs arrive at {_db(rsqnr)})")
+        floor_text = ""
+        if floor and isinstance(floor.get("sqnr_db"), float):
+            floor_text = f"; its {fmt.upper()} floor is {_db(floor['sqnr_db'])}"
+        parts.append(f"alone it gives {_db(sqnr)} SQNR from exact inputs (its inputs arrive at {_db(rsqnr)}"
+                     f"{floor_text})")
     text = "; ".join(parts)
     return text[:1].upper() + text[1:] + "." if text else ""
 
@@ -49,5 +80,7 @@ def _num(x) -> str:
         return str(x)
 
 
-def _db(x: float) -> str:
+def _db(x) -> str:
+    if not isinstance(x, (int, float)):
+        return "?"
     return "exact" if x == float("inf") else f"{x:.1f} dB"

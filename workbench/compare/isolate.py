@@ -59,18 +59,21 @@ def build_isolation(
     candidate: onnx.ModelProto,
     targets: list[str],
     known: dict[str, str],
+    types: dict[str, onnx.TypeProto] | None = None,
     max_segment: int = 64,
 ) -> IsolationModel:
     """Build the isolation model for ``targets`` (candidate tensor names).
 
     ``known`` maps candidate tensor names that have a reference value to the reference tensor's name
-    (matched tensors and graph inputs); walking stops there. A segment longer than ``max_segment``
-    nodes is skipped (its candidate graph does not line up with the reference's).
+    (matched tensors and graph inputs); walking stops there. ``types``: tensor name -> TypeProto (from
+    shape inference on a weight-free copy; default: the candidate's own value_info). A segment longer than
+    ``max_segment`` nodes is skipped (its candidate graph does not line up with the reference's).
     """
     g = candidate.graph
     producer = {o: n for n in g.node for o in n.output if o}
     inits = {t.name: t for t in g.initializer}
-    types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    if types is None:
+        types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
     nodes: list[onnx.NodeProto] = []
     boundary: dict[str, str] = {}
     outputs: dict[str, str] = {}

@@ -27,10 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-METRICS = ("max_abs", "mean_abs", "max_rel", "norm_max_abs", "norm_mean_abs", "cosine", "sqnr_db",
-           "nonfinite_mismatch")
-#: metrics where larger means closer (a criterion flags values BELOW its threshold)
-HIGHER_IS_BETTER = {"cosine", "sqnr_db"}
+from ..core.floats import decode_float, decode_metrics, encode_float, encode_metrics  # noqa: F401 - re-exported
+from ..core.metric_info import HIGHER_IS_BETTER, METRICS  # noqa: F401 - re-exported
 
 
 @dataclass
@@ -166,25 +164,3 @@ def _sqnr(signal: float, noise: float) -> float:
 def compute_metrics(ref: np.ndarray, cand: np.ndarray) -> dict[str, float | int | None]:
     """Metrics of one pair of arrays."""
     return ErrorStats().update(ref, cand).metrics()
-
-
-def encode_float(value):
-    """JSON has no inf/NaN: write them as the strings "inf", "-inf", "nan"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def decode_float(value):
-    """Inverse of :func:`encode_float`."""
-    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
-        return float(value)
-    return value
-
-
-def encode_metrics(metrics: dict) -> dict:
-    return {k: encode_float(v) for k, v in metrics.items()}
-
-
-def decode_metrics(metrics: dict) -> dict:
-    return {k: decode_float(v) for k, v in metrics.items()}

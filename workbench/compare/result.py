@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.floats import decode_float, decode_metrics, encode_float, encode_metrics
 from ..errors import WorkbenchError
 from .criterion import Criterion
-from .metrics import decode_metrics, encode_metrics
 
 SCHEMA = "workbench.compare/1"
 
@@ -25,18 +25,28 @@ class TensorResult:
     metrics: dict[str, Any]
     diverged: bool
     candidate_tensor: str | None = None
+    #: the precision floor: metrics of the reference held in the candidate's format, with the format and the
+    #: shares of values under/over its range (None: the candidate holds this tensor in float32 or wider)
+    floor: dict[str, Any] | None = None
+    #: fails the criterion only because its format cannot hold the reference values (see Criterion.at_floor)
+    at_floor: bool = False
 
     def to_json(self) -> dict:
         doc = {"tensor": self.tensor, "node": self.node, "op_type": self.op_type, "topo_index": self.topo_index,
                "metrics": encode_metrics(self.metrics), "diverged": self.diverged}
         if self.candidate_tensor and self.candidate_tensor != self.tensor:
             doc["candidate_tensor"] = self.candidate_tensor
+        if self.floor is not None:
+            doc["floor"] = encode_metrics(self.floor)
+        if self.at_floor:
+            doc["at_floor"] = True
         return doc
 
     @classmethod
     def from_json(cls, d: dict) -> TensorResult:
         return cls(d["tensor"], d["node"], d["op_type"], int(d["topo_index"]), decode_metrics(d["metrics"]),
-                   bool(d["diverged"]), d.get("candidate_tensor"))
+                   bool(d["diverged"]), d.get("candidate_tensor"),
+                   decode_metrics(d["floor"]) if isinstance(d.get("floor"), dict) else None, bool(d.get("at_floor")))
 
 
 @dataclass
@@ -51,17 +61,49 @@ class Culprit:
     received: dict[str, Any]
     introduces_divergence: bool
     explanation: str = ""
+    #: the precision floor of its output tensor (see TensorResult.floor)
+    floor: dict[str, Any] | None = None
+    #: the introduced error beyond the floor, in the criterion's metric (see workbench.compare.culprits)
+    beyond_floor: float | None = None
+    #: what fixing it does to the outputs: {"gain": {output: gain in dB}, "best_gain_db", "harmless": bool,
+    #: "fixed": "how the fix was applied"} (None: not measured)
+    impact: dict[str, Any] | None = None
+
+    @property
+    def harmless(self) -> bool:
+        """Measured, and fixing it gains (almost) nothing on any output."""
+        return bool(self.impact and self.impact.get("harmless"))
 
     def to_json(self) -> dict:
-        return {"node": self.node, "op_type": self.op_type, "tensor": self.tensor, "topo_index": self.topo_index,
-                "introduced": encode_metrics(self.introduced), "received": encode_metrics(self.received),
-                "introduces_divergence": self.introduces_divergence, "explanation": self.explanation}
+        doc = {"node": self.node, "op_type": self.op_type, "tensor": self.tensor, "topo_index": self.topo_index,
+               "introduced": encode_metrics(self.introduced), "received": encode_metrics(self.received),
+               "introduces_divergence": self.introduces_divergence, "explanation": self.explanation}
+        if self.floor is not None:
+            doc["floor"] = encode_metrics(self.floor)
+        if self.beyond_floor is not None:
+            doc["beyond_floor"] = encode_float(self.beyond_floor)
+        if self.impact is not None:
+            doc["impact"] = _encode_impact(self.impact)
+        return doc
 
     @classmethod
     def from_json(cls, d: dict) -> Culprit:
+        impact = d.get("impact")
+        if isinstance(impact, dict):
+            impact = {**impact, "gain": decode_metrics(impact.get("gain") or {}),
+                      "best_gain_db": decode_float(impact.get("best_gain_db")),
+                      "after": {o: decode_metrics(m) for o, m in (impact.get("after") or {}).items()}}
         return cls(d["node"], d["op_type"], d["tensor"], int(d.get("topo_index", -1)),
                    decode_metrics(d["introduced"]), decode_metrics(d["received"]),
-                   bool(d.get("introduces_divergence", True)), d.get("explanation", ""))
+                   bool(d.get("introduces_divergence", True)), d.get("explanation", ""),
+                   decode_metrics(d["floor"]) if isinstance(d.get("floor"), dict) else None,
+                   decode_float(d.get("beyond_floor")), impact if isinstance(impact, dict) else None)
+
+
+def _encode_impact(impact: dict) -> dict:
+    return {**impact, "gain": encode_metrics(impact.get("gain") or {}),
+            "best_gain_db": encode_float(impact.get("best_gain_db")),
+            "after": {o: encode_metrics(m) for o, m in (impact.get("after") or {}).items()}}
 
 
 @dataclass
@@ -82,19 +124,73 @@ class CompareResult:
     builds: int = 0
     notes: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    #: what each side computes in, inferred from its model: {"reference"|"candidate": {"precision", "source"}}
+    precision: dict = field(default_factory=dict)
+    #: internal tensors under the criterion count as a divergence too (a CI gate)
+    fail_on_internal_dips: bool = False
     #: not serialised (None/empty after ``from_json``): the feeds compare() used and the options it ran with,
     #: what :func:`workbench.report.save_bundle` needs to make the comparison rerunnable
     used_feeds: list | None = field(default=None, repr=False, compare=False)
     run_options: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def first_divergent(self) -> TensorResult | None:
-        return next((t for t in self.tensors if t.diverged), None)
+    def output_results(self) -> list[TensorResult]:
+        """The compared graph outputs, in the model's output order."""
+        by_name = {t.tensor: t for t in self.tensors}
+        return [by_name[o] for o in self.outputs if o in by_name]
 
     @property
     def diverged(self) -> bool:
-        """True when any compared tensor (graph outputs included) diverged."""
-        return any(t.diverged for t in self.tensors)
+        """The verdict: True when a graph output diverged (fails the criterion beyond its precision floor, or
+        holds inf/NaN where the other side does not). When no output could be compared, any tensor decides."""
+        outs = self.output_results
+        return any(t.diverged for t in (outs if outs else self.tensors))
+
+    @property
+    def internal_dips(self) -> list[TensorResult]:
+        """Internal tensors under the criterion (diverged, or at their floor) while the outputs pass."""
+        if self.diverged:
+            return []
+        outs = set(self.outputs)
+        return [t for t in self.tensors if t.tensor not in outs and (t.diverged or t.at_floor)]
+
+    @property
+    def failed(self) -> bool:
+        """What the exit code follows: the verdict, plus internal dips when ``fail_on_internal_dips``."""
+        return self.diverged or (self.fail_on_internal_dips and any(t.diverged for t in self.internal_dips))
+
+    @property
+    def first_divergent(self) -> TensorResult | None:
+        """For a diverged run, the first tensor (topological order) that diverged; None otherwise."""
+        if not self.diverged:
+            return None
+        return next((t for t in self.tensors if t.diverged), None)
+
+    @property
+    def harmful_culprits(self) -> list[Culprit]:
+        return [c for c in self.culprits if c.introduces_divergence and not c.harmless]
+
+    def verdict(self) -> dict:
+        """Why the run is ok or diverged, output by output, and the internal dips."""
+        m = self.criterion.metric
+        outs = [{"tensor": t.tensor, m: encode_float(t.metrics.get(m)),
+                 "nonfinite_mismatch": t.metrics.get("nonfinite_mismatch"), "diverged": t.diverged,
+                 "at_floor": t.at_floor, "floor": None if t.floor is None else encode_float(t.floor.get(m))}
+                for t in self.output_results]
+        bad = [o["tensor"] for o in outs if o["diverged"]]
+        if bad:
+            reason = f"output(s) {', '.join(bad)} fail {self.criterion.describe()}"
+        elif outs:
+            reason = f"every output passes {self.criterion.describe()}" + (
+                f" ({sum(o['at_floor'] for o in outs)} at the candidate format's floor)"
+                if any(o["at_floor"] for o in outs) else "")
+        else:
+            reason = "no graph output was compared: judged on every compared tensor"
+        dips = [{"tensor": t.tensor, "node": t.node, "op_type": t.op_type, "topo_index": t.topo_index,
+                 m: encode_float(t.metrics.get(m)), "floor": None if t.floor is None else encode_float(t.floor.get(m)),
+                 "at_floor": t.at_floor} for t in self.internal_dips]
+        return {"diverged": self.diverged, "failed": self.failed, "reason": reason, "outputs": outs,
+                "internal_dips": dips, "fail_on_internal_dips": self.fail_on_internal_dips}
 
     def tensor(self, name: str) -> TensorResult:
         for t in self.tensors:
@@ -117,6 +213,8 @@ class CompareResult:
             "mode": self.mode,
             "builds": self.builds,
             "diverged": self.diverged,
+            "verdict": self.verdict(),
+            "precision": self.precision,
             "outputs": self.outputs,
             "model": self.model,
             "engines": self.engines,
@@ -137,6 +235,8 @@ class CompareResult:
             model=doc.get("model", {}), engines=doc.get("engines", {}), variant=doc.get("variant", {}),
             feeds=doc.get("feeds", {}), timing=doc.get("timing", {}), builds=int(doc.get("builds", 0)),
             notes=list(doc.get("notes", [])), outputs=list(doc.get("outputs", [])),
+            precision=dict(doc.get("precision") or {}),
+            fail_on_internal_dips=bool((doc.get("verdict") or {}).get("fail_on_internal_dips", False)),
         )
 
     def save_json(self, path: str | Path) -> Path:
@@ -157,7 +257,8 @@ class CompareResult:
         import pandas as pd
 
         rows = [{"topo_index": t.topo_index, "tensor": t.tensor, "node": t.node, "op_type": t.op_type,
-                 "diverged": t.diverged, **t.metrics} for t in self.tensors]
+                 "diverged": t.diverged, "at_floor": t.at_floor, **t.metrics,
+                 **{f"floor_{k}": v for k, v in (t.floor or {}).items()}} for t in self.tensors]
         return pd.DataFrame(rows)
 
     def culprits_frame(self):
@@ -170,6 +271,8 @@ class CompareResult:
                    "introduces_divergence": c.introduces_divergence}
             row |= {f"introduced_{k}": v for k, v in c.introduced.items()}
             row |= {f"received_{k}": v for k, v in c.received.items()}
+            row["harmless"] = c.harmless if c.impact else None
+            row["best_gain_db"] = (c.impact or {}).get("best_gain_db")
             row["explanation"] = c.explanation
             rows.append(row)
         return pd.DataFrame(rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..textfmt import table
-from .result import CompareResult
+from .result import CompareResult, Culprit
 
 
 def fmt(value, metric: str = "") -> str:
@@ -21,46 +21,79 @@ def fmt(value, metric: str = "") -> str:
     return str(value)
 
 
+def _floor(t, m: str) -> str:
+    if not t.floor:
+        return ""
+    return f", {t.floor.get('format', '').upper()} floor {fmt(t.floor.get(m), m)}" + (" (at its floor)" if t.at_floor
+                                                                                       else "")
+
+
+def _impact(c: Culprit) -> str:
+    if not c.impact:
+        return ""
+    if c.impact.get("harmless"):
+        return f"  HARMLESS: fixing it gains {c.impact.get('best_gain_db', 0):.1f} dB at most on the outputs"
+    gain = c.impact.get("best_gain_db")
+    if not isinstance(gain, float):
+        return ""
+    return f"  {'harmful: ' if c.introduces_divergence else ''}fixing it gains {fmt(gain)} dB on the outputs"
+
+
 def render(result: CompareResult, max_rows: int = 25) -> str:
     m = result.criterion.metric
+    prec = result.precision or {}
     lines = [
         f"{result.model.get('name', 'model')}: {result.reference} (reference) vs {result.candidate} (candidate); "
         f"mode {result.mode}, {len(result.tensors)} tensors compared, {result.builds} candidate builds, "
         f"{result.feeds.get('count', '?')} feed(s), {result.timing.get('total_s', 0):.2f} s",
-        f"criterion: {result.criterion.describe()}",
     ]
+    for side in ("reference", "candidate"):
+        p = prec.get(side)
+        if p:
+            lines.append(f"{side} precision: {p['precision']} ({p.get('precision_source', '')})")
+    lines.append(f"criterion: {result.criterion.describe()}")
+    verdict = result.verdict()
+    lines.append(f"verdict: {'DIVERGED' if result.diverged else 'ok'} -- {verdict['reason']}")
+    for t in result.output_results:
+        bad = t.metrics.get("nonfinite_mismatch") or 0
+        state = "DIVERGED" if t.diverged else ("ok, at its floor" if t.at_floor else "ok")
+        lines.append(f"output {t.tensor}: {m} {fmt(t.metrics.get(m), m)}, cosine {fmt(t.metrics.get('cosine'))}, "
+                     f"max_abs {fmt(t.metrics.get('max_abs'))}" + (f", {bad} inf/NaN where the reference is "
+                                                                    "finite" if bad else "")
+                     + _floor(t, m) + f" -> {state}")
     first = result.first_divergent
-    if first is None:
-        lines.append("first divergent: none -- every compared tensor is within the criterion")
-    else:
+    if first is not None:
         lines.append(f"first divergent: {first.tensor}  (node {first.node}, {first.op_type}, topo #{first.topo_index}; "
                      f"{m} {fmt(first.metrics.get(m), m)}"
                      + (f", {first.metrics['nonfinite_mismatch']} non-finite mismatches" if
-                        first.metrics.get("nonfinite_mismatch") else "") + ")")
-    outs = {t.tensor: t for t in result.tensors if t.tensor in result.outputs}
-    for name in result.outputs:
-        t = outs.get(name)
-        if t is not None:
-            bad = t.metrics.get("nonfinite_mismatch") or 0
-            lines.append(f"output {name}: {m} {fmt(t.metrics.get(m), m)}, cosine {fmt(t.metrics.get('cosine'))}, "
-                         f"max_abs {fmt(t.metrics.get('max_abs'))}" + (f", {bad} inf/NaN where the reference is "
-                                                                        "finite" if bad else "")
-                         + f" -> {'DIVERGED' if t.diverged else 'ok'}")
+                        first.metrics.get("nonfinite_mismatch") else "") + _floor(first, m) + ")")
+    dips = result.internal_dips
+    if dips:
+        at_floor = sum(t.at_floor for t in dips)
+        lines.append(f"internal dips: {len(dips)} internal tensor(s) under the criterion while the outputs pass"
+                     + (f" ({at_floor} at their format's floor)" if at_floor else "")
+                     + ("; they fail this run (--fail-on-internal-dips)" if result.fail_on_internal_dips else
+                        "; not a divergence"))
+        for t in dips[:5]:
+            lines.append(f"  #{t.topo_index} {t.tensor} ({t.op_type}): {m} {fmt(t.metrics.get(m), m)}{_floor(t, m)}")
     if result.culprits:
-        lines += ["", "culprits (error each node introduces when run alone on the candidate with reference inputs):"]
+        lines += ["", "culprits (error each node introduces when run alone on the candidate with reference inputs; "
+                  "harmful first):"]
         for i, c in enumerate(result.culprits, 1):
             flag = "" if c.introduces_divergence else "  (below the criterion)"
-            lines.append(f"  {i}. {c.node} ({c.op_type}): introduced {m} {fmt(c.introduced.get(m), m)}, "
+            beyond = f", beyond its floor {fmt(c.beyond_floor, m)}" if c.beyond_floor is not None else ""
+            lines.append(f"  {i}. {c.node} ({c.op_type}): introduced {m} {fmt(c.introduced.get(m), m)}{beyond}, "
                          f"non-finite {c.introduced.get('nonfinite_mismatch')}; received {m} "
-                         f"{fmt(c.received.get(m), m)}{flag}")
+                         f"{fmt(c.received.get(m), m)}{flag}{_impact(c)}")
             if c.explanation:
                 lines.append(f"     {c.explanation}")
     rows = [t for t in result.tensors if t.diverged][:max_rows] if first else []
     if rows:
         lines += ["", f"diverged tensors (first {len(rows)} of {sum(t.diverged for t in result.tensors)}):", table(
-            ["#", "tensor", "op_type", m, "cosine", "max_abs", "non-finite"],
-            [[t.topo_index, t.tensor, t.op_type, fmt(t.metrics.get(m), m), fmt(t.metrics.get("cosine")),
-              fmt(t.metrics.get("max_abs")), t.metrics.get("nonfinite_mismatch")] for t in rows])]
+            ["#", "tensor", "op_type", m, "floor", "cosine", "max_abs", "non-finite"],
+            [[t.topo_index, t.tensor, t.op_type, fmt(t.metrics.get(m), m), fmt((t.floor or {}).get(m), m),
+              fmt(t.metrics.get("cosine")), fmt(t.metrics.get("max_abs")), t.metrics.get("nonfinite_mismatch")]
+             for t in rows])]
     for note in result.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

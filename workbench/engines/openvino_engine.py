@@ -10,7 +10,6 @@ import onnx
 
 from ..errors import EngineRunError, EngineUnavailableError
 from .base import Engine, Feeds, Session
-from .outputs import mark_outputs
 from .serialize import model_payload
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,7 @@ class OpenVinoEngine(Engine):
         import openvino as ov
 
         wanted = list(dict.fromkeys(outputs))
-        payload = model_payload(mark_outputs(model, wanted))
+        payload = model_payload(model, wanted)
         core = ov.Core()
         config = {"INFERENCE_PRECISION_HINT": self.inference_precision, **self.config}
         try:

@@ -14,7 +14,6 @@ import onnx
 
 from ..errors import EngineRunError, EngineUnavailableError, SpecError
 from .base import Engine, Feeds, Session
-from .outputs import mark_outputs
 from .serialize import ModelPayload, model_payload
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ class OrtEngine(Engine):
         problem = _unavailable(self.provider)
         if problem:
             raise EngineUnavailableError(f"{self.name}: {problem[0]}", problem[1])
-        payload = model_payload(mark_outputs(model, outputs))
+        payload = model_payload(model, list(outputs))
         try:
             session = ort.InferenceSession(payload.source, self._session_options(len(outputs)),
                                            providers=self._providers())
@@ -77,6 +76,9 @@ class OrtEngine(Engine):
             raise _error("onnxruntime could not create a session", e,
                          "check that the marked tensors exist and that this onnxruntime supports the model's "
                          "IR version, opset and ops") from e
+        session._model_bytes = None  # onnxruntime keeps the serialized model for ever otherwise
+        if not payload.is_file:
+            payload.close()
         self._providers_used = session.get_providers()
         try:
             self._check_fallback(self._providers_used)

@@ -40,7 +40,10 @@ class ReferenceEngine(Engine):
     def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
         from onnx.reference import ReferenceEvaluator
 
-        wide = to_float64(model) if self.precision == "float64" else model
+        from ..model.graph import sort_nodes
+
+        # a copy (the evaluator keeps its nodes), in topological order (it runs nodes in file order)
+        wide = sort_nodes(to_float64(model) if self.precision == "float64" else _copy(model))
         try:
             evaluator = ReferenceEvaluator(wide, new_ops=NEW_OPS)
         except (NotImplementedError, TypeError, ValueError, KeyError, RuntimeError) as e:
@@ -75,6 +78,12 @@ class ReferenceSession(Session):
             raise EngineRunError(f"onnx's ReferenceEvaluator failed{_where(e)}: {_one_line(e)}",
                                  "compare against ort instead of ref for this model") from e
         return {name: np.asarray(results[name]) for name in self.outputs}
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
 
 
 def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:

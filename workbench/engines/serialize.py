@@ -1,25 +1,36 @@
-"""Handing a ModelProto to a runtime: serialized bytes, or a private file with external data past 2 GB."""
+"""Handing a ModelProto to a runtime: serialized bytes, or a private file with external data past 2 GB.
+
+The model is serialized once per session, with its outputs set in place for that moment (no copy of the
+weights), and the size check reads tensor dims rather than serializing twice.
+"""
 
 from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
+from ..model.walk import iter_nodes
+from .outputs import mark_outputs, temporarily
+
 log = logging.getLogger(__name__)
 
 #: protobuf cannot serialize a message of 2 GiB or more; models past this go through a file with external data.
 PROTOBUF_LIMIT = 2**31 - 1
+#: room left for the graph itself when the weights' size decides
+_GRAPH_ROOM = 256 << 20
 
 
 @dataclass
 class ModelPayload:
-    """``source`` is bytes or the path of a temporary .onnx file; ``close()`` deletes that file's folder."""
+    """``source`` is bytes or the path of a temporary .onnx file; ``close()`` drops the bytes and deletes that
+    file's folder."""
 
-    source: bytes | str
+    source: bytes | str | None
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     @property
@@ -27,22 +38,52 @@ class ModelPayload:
         return isinstance(self.source, str)
 
     def close(self) -> None:
+        self.source = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
 
 
-def model_payload(model: onnx.ModelProto, limit: int | None = None) -> ModelPayload:
-    """Serialize ``model``; past ``limit`` (default :data:`PROTOBUF_LIMIT`) save it with external data into a
-    private temporary folder (never the working directory) and return that path instead."""
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's tensor data (initializers and tensor attributes, subgraphs included), from dims."""
+    from ..core.shapes import tensor_nbytes
+
+    total = sum(tensor_nbytes(t) for t in model.graph.initializer)
+    for node in iter_nodes(model.graph):
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                total += tensor_nbytes(a.t)
+            elif a.type == onnx.AttributeProto.TENSORS:
+                total += sum(tensor_nbytes(t) for t in a.tensors)
+            elif a.type == onnx.AttributeProto.GRAPH:
+                total += sum(tensor_nbytes(t) for t in a.g.initializer)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                total += sum(tensor_nbytes(t) for g in a.graphs for t in g.initializer)
+    return total
+
+
+def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
+                  limit: int | None = None) -> ModelPayload:
+    """Serialize ``model`` (with ``outputs`` as its graph outputs when given); past ``limit`` (default
+    :data:`PROTOBUF_LIMIT`) save it with external data into a private temporary folder (never the working
+    directory) and return that path instead."""
     limit = PROTOBUF_LIMIT if limit is None else limit
-    if model.ByteSize() < limit:
-        return ModelPayload(model.SerializeToString())
+    if weight_bytes(model) + _GRAPH_ROOM < limit:
+        if outputs is None:
+            return ModelPayload(model.SerializeToString())
+        with temporarily(model, outputs) as marked:
+            return ModelPayload(marked.SerializeToString())
     tmp = tempfile.TemporaryDirectory(prefix="workbench-model-")
     path = Path(tmp.name) / "model.onnx"
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    copy = mark_outputs(model, outputs) if outputs is not None else _copy(model)
     onnx.save_model(copy, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location="weights.bin", size_threshold=1024)
-    log.info("model is %.1f GB: handing it to the runtime as %s with external data", model.ByteSize() / 1e9, path)
+    log.info("model holds %.1f GB of weights: handing it to the runtime as %s with external data",
+             weight_bytes(model) / 1e9, path)
     return ModelPayload(str(path), tmp)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy

@@ -45,7 +45,8 @@ def float_constants(model: onnx.ModelProto, only_float32: bool = False) -> dict[
 
 
 def find_clamps(
-    original: onnx.ModelProto, converted: onnx.ModelProto, *, max_finite: float, min_positive: float
+    original: onnx.ModelProto, converted: onnx.ModelProto, *, max_finite: float, min_positive: float,
+    rounding: float | None = None,
 ) -> list[ClampRecord]:
     """ClampRecords for every float32 constant of ``original`` whose counterpart in ``converted`` (cast back to
     float32) lost values above ``max_finite`` or nonzero values below ``min_positive``. Overflows come first,
@@ -65,21 +66,32 @@ def find_clamps(
             continue
         if a.shape != b.shape:
             continue
-        records += _records(key, source, a.ravel(), b.ravel(), max_finite, min_positive, converted, originals)
+        step = rounding
+        if rounding is not None and after[key][0].data_type == onnx.TensorProto.BFLOAT16:
+            step = max(rounding, 2.0 ** -7)  # bfloat16 keeps 8 significant bits
+        records += _records(key, source, a.ravel(), b.ravel(), max_finite, min_positive, converted, originals, step)
     records.sort(key=lambda r: (r.kind != "overflow", -r.max_abs_change))
     return records
 
 
 def _records(
     key: str, source: str, a: np.ndarray, b: np.ndarray, max_finite: float, min_positive: float,
-    converted: onnx.ModelProto, originals: set[str],
+    converted: onnx.ModelProto, originals: set[str], rounding: float | None = None,
 ) -> list[ClampRecord]:
     finite = np.isfinite(a)
-    changed = finite & (a != b)
-    masks = {
-        "overflow": changed & (np.abs(a) > max_finite),
-        "underflow": changed & (a != 0) & ((np.abs(a) < min_positive) | (b == 0)),
-    }
+    if rounding is None:  # a known converter's limits
+        changed = finite & (a != b)
+        masks = {
+            "overflow": changed & (np.abs(a) > max_finite),
+            "underflow": changed & (a != 0) & ((np.abs(a) < min_positive) | (b == 0)),
+        }
+    else:  # a file of unknown making: anything changed beyond its format's rounding
+        with np.errstate(invalid="ignore", over="ignore"):
+            changed = finite & ~(np.abs(b.astype(np.float64) - a) <= rounding * np.abs(a) + min_positive)
+        masks = {
+            "overflow": changed & (np.abs(b) < np.abs(a)) & (np.abs(a) >= max_finite),
+            "underflow": changed & (a != 0) & ((np.abs(a) < max_finite) | (b == 0)),
+        }
     out = []
     for kind, mask in masks.items():
         idx = np.flatnonzero(mask)
@@ -98,4 +110,70 @@ def _records(
             max_rel_change=float((abs_change / np.abs(a[idx])).max()), max_abs_change=float(abs_change.max()),
             consumers=consumers, indices=[int(i) for i in idx[:5]],
         ))
+    return out
+
+
+#: FP16 keeps 11 significant bits: a value rounded to FP16 moves by at most 2^-11 of itself (normals)
+FP16_ROUNDING = 2.0 ** -10
+FP16_MIN_NORMAL = 2.0 ** -14
+FP16_MIN_SUBNORMAL = 2.0 ** -24
+
+
+def find_changed_constants(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> list[ClampRecord]:
+    """Constants of a user's own candidate file (matched to the reference's by name) that differ beyond FP16
+    rounding: clamped toward zero ("overflow": a magnitude cut, e.g. 9.8e7 -> 1e4), flushed or raised
+    ("underflow"); and INT8 weights whose re-quantization clips or crushes them ("requantized"). Each record says
+    ``by``: "the candidate file"."""
+    records = find_clamps(reference, candidate, max_finite=FP16_MIN_NORMAL, min_positive=FP16_MIN_SUBNORMAL,
+                          rounding=FP16_ROUNDING)
+    records += requantized_weights(reference, candidate)
+    for r in records:
+        r.by = "the candidate file"
+    return records
+
+
+def requantized_weights(reference: onnx.ModelProto, candidate: onnx.ModelProto, min_sqnr_db: float = 30.0,
+                        limit: int = 20) -> list[ClampRecord]:
+    """Float weights of ``reference`` that ``candidate`` holds as integers behind a DequantizeLinear with constant
+    scales (ORT's quantizer names them NAME_quantized), when the dequantized weight is worse than ``min_sqnr_db``
+    or clips values."""
+    from ..compare.floor import NumberFormat, _dq_format
+    from ..compare.metrics import ErrorStats
+
+    ref = {t.name: t for t in reference.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    inits = {t.name: t for t in candidate.graph.initializer}
+    types = {t.name: t.data_type for t in candidate.graph.initializer}
+    originals = set(node_names(reference))
+    out = []
+    for node in candidate.graph.node:
+        if node.op_type != "DequantizeLinear" or not node.input or node.input[0] not in inits:
+            continue
+        qname = node.input[0]
+        base = qname[: -len("_quantized")] if qname.endswith("_quantized") else qname
+        if base not in ref:
+            continue
+        fmt = _dq_format(node, inits, {}, types)
+        if not isinstance(fmt, NumberFormat):
+            continue
+        a = numpy_helper.to_array(ref[base]).astype(np.float32)
+        q = numpy_helper.to_array(inits[qname]).astype(np.float64)
+        scale, zp = fmt._broadcast(q, fmt.scale), fmt._broadcast(q, fmt.zero_point)
+        b = ((q - zp) * scale).astype(np.float32)
+        if a.shape != b.shape:
+            continue
+        m = ErrorStats().update(a, b).metrics()
+        lo, hi = fmt.bounds()
+        clipped = int(((q <= lo) | (q >= hi)).sum()) if fmt.name in ("int8", "uint8") else 0
+        if (m["sqnr_db"] or 0) >= min_sqnr_db and not clipped:
+            continue
+        d = np.abs(b.astype(np.float64) - a).ravel()
+        order = np.argsort(-d, kind="stable")[:_SHOWN]
+        out.append(ClampRecord(
+            name=base, source="initializer", kind="requantized", count=clipped or int((d > 0).sum()),
+            size=int(a.size), original=[float(a.ravel()[i]) for i in order],
+            converted=[float(b.ravel()[i]) for i in order], max_rel_change=float(m["norm_max_abs"] or 0),
+            max_abs_change=float(d.max()) if d.size else 0.0,
+            consumers=original_consumers(base, reference, originals), indices=[int(i) for i in order]))
+        if len(out) >= limit:
+            break
     return out

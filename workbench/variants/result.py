@@ -29,6 +29,7 @@ class ClampRecord:
     max_abs_change: float
     consumers: list[str]
     indices: list[int] = field(default_factory=list)  # flat indices of the first changed elements
+    by: str = "the FP16 converter"  # who changed it: a converter, or "the candidate file" (a user's own file)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

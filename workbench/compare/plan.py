@@ -1,0 +1,257 @@
+"""One comparison plan: everything a comparison needs, built once and shared by every consumer.
+
+``ComparisonPlan(model, reference, candidate, feeds=..., cand_model=..., options=CompareOptions(...))`` loads the
+model, makes the precision variant (or loads the user's candidate file), infers both sides' precision, pairs
+their tensors, casts the feeds, picks the criterion and floors, and builds the engines on first use. compare()
+runs it (:meth:`run`); the layer probe, the report's tensor capture, interop recording, bundles, rerun and
+repair read the same plan instead of rebuilding the setup. Shape inference runs once per side, on weight-free
+copies; the models that run are never copied.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from functools import cached_property
+from typing import Any
+
+import onnx
+
+from .. import __version__
+from ..core.feeds import cast_feeds
+from ..core.progress import Progress, Steps
+from ..core.shapes import infer_shapes_lenient, value_types
+from ..engines import get_engine, should_isolate
+from ..engines.base import Engine
+from ..engines.spec import EngineSpec
+from ..errors import SpecError
+from ..model.graph import GraphInfo
+from ..model.load import LoadedModel, load_model
+from ..model.precision import Precision, infer_precision, lossier, module_precision
+from .criterion import Criterion
+from .floor import tensor_formats
+from .options import CompareOptions
+from .pairs import pair_tensors
+
+log = logging.getLogger(__name__)
+
+
+def make_engine(spec: EngineSpec, *, isolate: bool | None = None, options: dict | None = None,
+                timeout_s: float | None = None) -> Engine:
+    """The engine for ``spec``, in a worker process where it may crash the caller (TensorRT, GPU providers)."""
+    opts = dict(options or {})
+    if spec.engine == "ref" and spec.variant != "fp32":
+        opts.setdefault("precision", "native")
+    if isolate is None:
+        isolate = should_isolate(spec.engine)
+    if isolate:
+        from ..engines.isolated import IsolatedEngine
+
+        return IsolatedEngine(spec.engine, opts, timeout_s=timeout_s or 600)
+    return get_engine(spec.engine, **opts)
+
+
+def is_torch_module(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+class ComparisonPlan:
+    """The setup of one comparison (see the module docstring). ``reference_engine``/``candidate_engine``: Engine
+    instances used instead of the ones the specs name (the spec still picks the variant), e.g. a recorded run."""
+
+    def __init__(self, model: Any, reference: str | EngineSpec = "ort", candidate: str | EngineSpec = "ort:fp16",
+                 *, feeds: Any = None, cand_model: Any = None, options: CompareOptions | dict | None = None,
+                 example_inputs: Any = None, reference_engine: Engine | None = None,
+                 candidate_engine: Engine | None = None, **option_overrides: Any):
+        t0 = time.perf_counter()
+        self.options = opts = CompareOptions.build(options, **option_overrides)
+        self.ref_spec, self.cand_spec = EngineSpec.parse(reference), EngineSpec.parse(candidate)
+        self.timing: dict[str, float] = {}
+        self.notes: list[str] = []
+        self.module = model if is_torch_module(model) else None
+        if self.module is None and "torch" in (self.ref_spec.engine, self.cand_spec.engine):
+            raise SpecError("the 'torch' engine runs a torch.nn.Module: pass the module itself as the model",
+                            "compare(module, 'torch', 'ort', example_inputs=(x,)) exports it and runs both")
+        self.model_source, self.cand_source = model, cand_model
+        self.original = model if isinstance(model, LoadedModel) else load_model(model, example_inputs=example_inputs)
+        self.engine_options = dict(opts.engine_options)
+        if self.module is not None:  # the torch engine runs the module itself
+            self.engine_options["torch"] = {"module": self.module, "example_inputs": example_inputs,
+                                            **self.engine_options.get("torch", {})}
+        self.feeds, self.feed_info = _feeds(self.original.proto, feeds, opts)
+        self.loaded = _inline_decided_ifs(self.original, self.feeds, self.notes) if opts.inline_branches \
+            else self.original
+        t1 = time.perf_counter()
+        # reference side
+        self.ref_variant = self._variant(self.ref_spec) if self.ref_spec.variant != "fp32" else None
+        self.ref_model = self.ref_variant.model if self.ref_variant else self.loaded.proto
+        self.ref_graph = GraphInfo.build(infer_shapes_lenient(self.ref_model)) if self.ref_variant \
+            else self.loaded.graph
+        # candidate side
+        if cand_model is not None:
+            if self.cand_spec.variant != "fp32":
+                raise SpecError(f"--cand-model is already the candidate's variant; drop ':{self.cand_spec.variant}' "
+                                f"from {str(candidate)!r}", f"use --cand {self.cand_spec.engine}")
+            cand_loaded = load_model(cand_model)
+            self.cand_model = cand_loaded.proto
+            self.views: dict[str, str | None] = {}
+            self.variant_info = {"variant": "user model", "file": cand_loaded.name,
+                                 "sha256": cand_loaded.fingerprint}
+            self.clamps = _user_file_changes(self.ref_model, self.cand_model, self.variant_info)
+        else:
+            var = self._variant(self.cand_spec)
+            self.cand_model = var.model
+            self.views = {**var.tensor_map, **var.details.get("qdq_outputs", {})}
+            self.variant_info = var.to_json()
+            self.clamps = self.variant_info.get("clamped", [])
+        self.timing["variant_s"] = time.perf_counter() - t1
+        self.cand_inferred = infer_shapes_lenient(self.cand_model)
+        self.cand_types = value_types(self.cand_inferred)
+        # precision and criterion
+        self.ref_precision = self._precision(self.ref_spec, self.ref_model)
+        self.cand_precision = self._precision(self.cand_spec, self.cand_model)
+        self.family = lossier(self.ref_precision, self.cand_precision).family
+        given = opts.criterion
+        self.criterion = given if isinstance(given, Criterion) else (
+            Criterion.parse(given) if given else Criterion.default_for(self.family))
+        # pairs, boundaries, feeds, floors
+        self.pairs = pair_tensors(self.ref_graph, self.cand_inferred, self.views)
+        self.ref_inputs = set(self.ref_graph.inputs)
+        self.known = {p.candidate: p.tensor for p in self.pairs}
+        self.known |= {i.name: i.name for i in self.cand_model.graph.input if i.name in self.ref_inputs}
+        self.cand_feeds = cast_feeds(self.cand_model, self.feeds)
+        elem = {name: tp.tensor_type.elem_type for name, tp in self.cand_types.items() if tp.HasField("tensor_type")}
+        by_cand = tensor_formats(self.cand_model, elem, [p.candidate for p in self.pairs])
+        self.formats = {p.tensor: by_cand[p.candidate] for p in self.pairs if p.candidate in by_cand}
+        self._engines: dict[str, Engine] = {}
+        if reference_engine is not None:
+            self._engines["reference"] = reference_engine
+        if candidate_engine is not None:
+            self._engines["candidate"] = candidate_engine
+        self.custom_engines = [k for k, e in (("reference", reference_engine), ("candidate", candidate_engine)) if e]
+        self._lock = threading.Lock()
+        if self.cand_spec.engine == "ort" and self.cand_precision.family == "fp16":
+            self.notes.append("ONNX Runtime's CPU provider runs most FP16 ops in FP32 (it inserts Casts), so FP16 "
+                              "arithmetic overflow does not show on 'ort'; converter clamps and FP16 storage do. Use "
+                              "'ref:fp16' (FP16 arithmetic in numpy) or a GPU engine (ort-cuda:fp16, trt:fp16).")
+        self.timing["setup_s"] = time.perf_counter() - t0
+
+    # --- pieces -------------------------------------------------------------------------------------------
+    def _variant(self, spec: EngineSpec):
+        from ..variants import make_variant
+
+        calib = self.options.calibration_feeds
+        return make_variant(self.loaded.proto, spec.variant, calibration_feeds=calib if calib is not None
+                            else self.feeds, keep_fp32=self.options.keep_fp32)
+
+    def _precision(self, spec: EngineSpec, model: onnx.ModelProto) -> Precision:
+        if spec.engine == "torch" and self.module is not None:
+            return module_precision(self.module)
+        return infer_precision(model)
+
+    def _engine(self, side: str, spec: EngineSpec) -> Engine:
+        with self._lock:
+            if side not in self._engines:
+                self._engines[side] = make_engine(spec, isolate=self.options.isolate,
+                                                  options=self.engine_options.get(spec.engine),
+                                                  timeout_s=self.options.timeout_s)
+            return self._engines[side]
+
+    @property
+    def ref_engine(self) -> Engine:
+        return self._engine("reference", self.ref_spec)
+
+    @property
+    def cand_engine(self) -> Engine:
+        return self._engine("candidate", self.cand_spec)
+
+    @cached_property
+    def pair_by_tensor(self) -> dict:
+        return {p.tensor: p for p in self.pairs}
+
+    def candidate_name(self, tensor: str) -> str:
+        """The candidate tensor standing for reference ``tensor`` (renamed or quantized view)."""
+        from ..errors import WorkbenchError
+
+        if tensor in self.views and self.views[tensor] is None:
+            raise WorkbenchError(f"tensor {tensor!r} has no counterpart in the candidate model", "pick another layer")
+        pair = self.pair_by_tensor.get(tensor)
+        return pair.candidate if pair is not None else (self.views.get(tensor) or tensor)
+
+    def describe_engines(self) -> dict:
+        return {"reference": _describe(self.ref_engine), "candidate": _describe(self.cand_engine),
+                "workbench": __version__}
+
+    def precision_json(self) -> dict:
+        return {side: {"precision": p.precision, "precision_source": p.source, "family": p.family}
+                for side, p in (("reference", self.ref_precision), ("candidate", self.cand_precision))}
+
+    # --- running -------------------------------------------------------------------------------------------
+    def run(self, progress: Progress | None = None, cancel: threading.Event | None = None):
+        """Compare layer by layer, rank culprits, measure their impact: a :class:`CompareResult`."""
+        from .run import run_plan
+
+        return run_plan(self, Steps(progress, cancel))
+
+    def close(self) -> None:
+        """Stop worker processes of isolated engines (in-process engines need nothing)."""
+        for engine in self._engines.values():
+            close = getattr(engine, "close", None)
+            if callable(close) and engine is not None and type(engine).__name__ == "IsolatedEngine":
+                close()
+
+
+def _describe(engine: Engine) -> dict:
+    try:
+        return engine.describe()
+    except Exception as e:  # noqa: BLE001 - a description must never fail a finished comparison
+        return {"error": str(e)}
+
+
+def _feeds(model: onnx.ModelProto, feeds: Any, opts: CompareOptions) -> tuple[list[dict], dict]:
+    from ..inputs import check_feeds, feeds_from, random_feeds
+
+    if feeds is None:
+        made = random_feeds(model, seed=opts.seed, count=opts.feed_count, shapes=opts.input_shapes,
+                            ranges=opts.val_ranges)
+        return made, {"source": "random", "seed": opts.seed, "count": len(made), "shapes": opts.input_shapes,
+                      "ranges": opts.val_ranges}
+    source = str(feeds) if isinstance(feeds, (str, bytes)) or hasattr(feeds, "__fspath__") else type(feeds).__name__
+    given = check_feeds(model, feeds_from(feeds))
+    return given, {"source": source, "count": len(given)}
+
+
+def _inline_decided_ifs(loaded: LoadedModel, feeds: list[dict], notes: list[str]) -> LoadedModel:
+    """Inline the If branches every feed takes (see :mod:`workbench.compare.inline`)."""
+    from .inline import decide_branches, if_conditions, inline_ifs
+
+    conditions = if_conditions(loaded.proto)
+    if not conditions:
+        return loaded
+    needed = sorted(set(conditions.values()) - {i.name for i in loaded.proto.graph.input})
+    values = [dict(f) for f in feeds]
+    if needed:
+        with get_engine("ort").prepare(loaded.proto, needed) as session:
+            for v in values:
+                v.update(session.run(v))
+    taken, undecided = decide_branches(conditions, values)
+    for node, branch in taken.items():
+        notes.append(f"If node {node}: every feed takes its {'then' if branch else 'else'} branch, so that branch "
+                     "was inlined and its nodes compared one by one")
+    for node, why in undecided.items():
+        notes.append(f"If node {node} compared as one node ({why})")
+    return load_model(inline_ifs(loaded.proto, taken)) if taken else loaded
+
+
+def _user_file_changes(reference: onnx.ModelProto, candidate: onnx.ModelProto, info: dict) -> list[dict]:
+    """Constants of a user's own candidate file that differ from the reference's beyond their format's rounding
+    (clamped, flushed or re-quantized), as clamp records the explanations read."""
+    from ..variants.clamps import find_changed_constants
+
+    records = [r.to_json() for r in find_changed_constants(reference, candidate)]
+    if records:
+        info["clamped"] = records
+    return records

@@ -1,0 +1,120 @@
+"""Running a :class:`~workbench.compare.plan.ComparisonPlan`: layer-wise strategy, floors, culprits, impact."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..core.progress import Steps
+from . import culprits as ranking
+from .explain import explain
+from .floor import Floors
+from .impact import measure_impact
+from .result import CompareResult, Culprit, TensorResult
+from .strategies import Context, Measured, run_all, run_bisect
+
+
+def run_plan(plan, steps: Steps) -> CompareResult:
+    """Compare ``plan``'s two sides layer by layer; see :func:`workbench.compare.api.compare`."""
+    opts = plan.options
+    t0 = time.perf_counter()
+    timing = dict(plan.timing)
+    cand_engine = plan.cand_engine
+    chosen = opts.mode if opts.mode != "auto" else ("all" if getattr(cand_engine, "marks_all_cheaply", True)
+                                                    else "bisect")
+    notes = list(plan.notes)
+    ctx = Context(plan=plan, floors=Floors(formats=plan.formats), step=steps.span(0.0, 0.85), notes=notes)
+    measured = run_all(ctx) if chosen == "all" else run_bisect(ctx, plan.ref_graph.outputs)
+    timing.update(ctx.timing)
+    timing["layerwise_s"] = time.perf_counter() - t0
+    crit = plan.criterion
+    floors = {t: s.summary() for t, s in ctx.floors.stats.items()}
+    tensors = []
+    for p in plan.pairs:
+        stats = measured.full.get(p.tensor)
+        if stats is None:
+            continue
+        m, floor = stats.metrics(), floors.get(p.tensor)
+        tensors.append(TensorResult(p.tensor, p.node, p.op_type, p.topo_index, m, crit.diverged(m, floor),
+                                    p.candidate, floor, crit.at_floor(m, floor)))
+    culprits = _culprits(plan, measured, floors)
+    t1 = time.perf_counter()
+    flagged = [c for c in culprits if c.introduces_divergence][:opts.impact]
+    if flagged and opts.culprits:
+        ctx.builds += measure_impact(plan, flagged, notes, steps.span(0.85, 1.0))
+        culprits = ranking.rank(culprits, crit)
+    timing["impact_s"] = time.perf_counter() - t1
+    flagged = [c for c in culprits if c.introduces_divergence]
+    shown = flagged[:opts.max_culprits] if flagged else culprits[:min(3, opts.max_culprits)]
+    timing["total_s"] = time.perf_counter() - t0 + plan.timing.get("setup_s", 0.0)
+    steps(1.0, "done")
+    original = plan.original
+    result = CompareResult(
+        reference=str(plan.ref_spec), candidate=str(plan.cand_spec), criterion=crit, tensors=tensors,
+        culprits=shown, mode=chosen,
+        model={"name": original.name, "sha256": original.fingerprint, "nodes": len(original.proto.graph.node),
+               "path": str(original.path) if original.path else None},
+        engines=plan.describe_engines(), variant=plan.variant_info, feeds=plan.feed_info,
+        timing={k: round(v, 4) for k, v in timing.items()}, builds=ctx.builds, notes=notes,
+        outputs=list(plan.ref_graph.outputs), precision=plan.precision_json(),
+        fail_on_internal_dips=opts.fail_on_internal_dips,
+    )
+    result.used_feeds = plan.feeds
+    result.plan = plan
+    result.run_options = _run_options(plan)
+    return result
+
+
+def _culprits(plan, measured: Measured, floors: dict) -> list[Culprit]:
+    crit = plan.criterion
+    out = []
+    for p in plan.pairs:
+        stats = measured.introduced.get(p.tensor)
+        if stats is None:
+            continue
+        m = stats.metrics()
+        node = plan.ref_graph.node(p.node)
+        received = ranking.received([i for i in node.inputs if i], measured.full, crit)
+        floor = floors.get(p.tensor)
+        c = Culprit(p.node, p.op_type, p.tensor, p.topo_index, m, received, False, floor=floor,
+                    beyond_floor=ranking.beyond_floor(crit.metric, m, floor))
+        c.introduces_divergence = crit.diverged(ranking.judged_metrics(c, crit.metric))
+        c.explanation = explain(p.node, plan.family, stats, received, plan.clamps, tensor=p.tensor, floor=floor,
+                                op_type=p.op_type, reduction=_reduction(plan, node), beyond=c.beyond_floor)
+        out.append(c)
+    return ranking.rank(out, crit)
+
+
+def _reduction(plan, node) -> int | None:
+    """How many products each output of a MatMul/Gemm/Conv sums, or a Softmax/normalisation's axis length."""
+    def dims(name):
+        tp = plan.cand_types.get(plan.candidate_name(name)) or plan.cand_types.get(name)
+        if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+            return None
+        return [d.dim_value if d.HasField("dim_value") else None for d in tp.tensor_type.shape.dim]
+
+    if not node.inputs:
+        return None
+    if node.op_type in ("MatMul", "Gemm"):
+        d = dims(node.inputs[1])
+        return d[-2] if d and len(d) >= 2 and d[-2] else None
+    if node.op_type == "Conv":
+        d = dims(node.inputs[1])
+        return int(np.prod(d[1:])) if d and None not in d and len(d) > 2 else None
+    if node.op_type in ("Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "LogSoftmax"):
+        d = dims(node.inputs[0])
+        return d[-1] if d and d[-1] else None
+    return None
+
+
+def _run_options(plan) -> dict:
+    """What a bundle needs to rerun this comparison (``result.run_options``, not serialised)."""
+    opts = plan.options
+    return {"options": opts, "requested_mode": opts.mode, "memory_budget": opts.memory_budget,
+            "keep_fp32": list(opts.keep_fp32), "calibration_feeds": opts.calibration_feeds,
+            "inline_branches": opts.inline_branches, "culprits": opts.culprits, "max_culprits": opts.max_culprits,
+            "isolate": opts.isolate, "timeout_s": opts.timeout_s, "engine_options": plan.engine_options,
+            "cand_model": plan.cand_source, "model": plan.model_source, "seed": opts.seed,
+            "feed_count": opts.feed_count, "input_shapes": opts.input_shapes, "val_ranges": opts.val_ranges,
+            "custom_engines": plan.custom_engines}
