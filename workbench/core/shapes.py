@@ -32,7 +32,9 @@ def tensor_nbytes(t: TensorProto) -> int:
 
 
 def _stub(t: TensorProto) -> TensorProto:
-    stub = TensorProto(name=t.name, data_type=t.data_type, dims=list(t.dims), doc_string=t.doc_string)
+    stub = TensorProto()
+    _copy_fields(t, stub, {"raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
+                           "uint64_data", "external_data", "data_location", "segment"})
     stub.data_location = TensorProto.EXTERNAL
     for key, value in (("location", STUB_FILE), ("offset", "0"), ("length", str(tensor_nbytes(t)))):
         entry = stub.external_data.add()
@@ -55,10 +57,25 @@ def _node_is_heavy(node: onnx.NodeProto, keep_bytes: int) -> bool:
     return False
 
 
+def _copy_fields(src, dst, skip: set[str]) -> None:
+    """Copy every set field of ``src`` but ``skip`` into ``dst``, field by field (a corrupt, non-UTF-8 string is
+    left out rather than raising: the checker reports the model, the copy must not crash)."""
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        try:
+            if fd.is_repeated:
+                getattr(dst, fd.name).extend(value)
+            elif fd.message_type is not None:
+                getattr(dst, fd.name).CopyFrom(value)
+            else:
+                setattr(dst, fd.name, value)
+        except (TypeError, ValueError) as e:
+            log.debug("field %s not copied: %s", fd.name, e)
+
+
 def _strip_node(src: onnx.NodeProto, dst: onnx.NodeProto, keep_bytes: int) -> None:
-    dst.name, dst.op_type, dst.domain, dst.doc_string = src.name, src.op_type, src.domain, src.doc_string
-    dst.input.extend(src.input)
-    dst.output.extend(src.output)
+    _copy_fields(src, dst, {"attribute"})
     for a in src.attribute:
         new = dst.attribute.add()
         if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t, keep_bytes):
@@ -80,14 +97,9 @@ def _strip_node(src: onnx.NodeProto, dst: onnx.NodeProto, keep_bytes: int) -> No
 
 
 def _strip_graph(src: onnx.GraphProto, dst: onnx.GraphProto, keep_bytes: int) -> None:
-    dst.name, dst.doc_string = src.name, src.doc_string
+    _copy_fields(src, dst, {"initializer", "node"})
     for t in src.initializer:
         dst.initializer.add().CopyFrom(_stub(t) if _heavy(t, keep_bytes) else t)
-    dst.sparse_initializer.extend(src.sparse_initializer)
-    dst.input.extend(src.input)
-    dst.output.extend(src.output)
-    dst.value_info.extend(src.value_info)
-    dst.quantization_annotation.extend(src.quantization_annotation)
     for node in src.node:
         if _node_is_heavy(node, keep_bytes):
             _strip_node(node, dst.node.add(), keep_bytes)
@@ -99,12 +111,8 @@ def strip_weights(model: onnx.ModelProto, keep_bytes: int = KEEP_BYTES) -> onnx.
     """A copy of ``model`` whose tensors over ``keep_bytes`` (initializers, Constant values, tensor attributes,
     subgraphs included) are stubs: same name, dims and type, data "external" in :data:`STUB_FILE`. The copy
     costs the graph's size, not the weights'."""
-    out = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name,
-                          producer_version=model.producer_version, domain=model.domain,
-                          model_version=model.model_version, doc_string=model.doc_string)
-    out.opset_import.extend(model.opset_import)
-    out.metadata_props.extend(model.metadata_props)
-    out.functions.extend(model.functions)
+    out = onnx.ModelProto()
+    _copy_fields(model, out, {"graph"})
     _strip_graph(model.graph, out.graph, keep_bytes)
     return out
 

@@ -230,6 +230,10 @@ def _compare_options(result: CompareResult, opts: dict) -> tuple[dict, list[str]
         "isolate": opts.get("isolate"), "timeout_s": opts.get("timeout_s"), "engine_options": engine_options,
         "rerunnable": True,
     }
+    options = opts.get("options")
+    if options is not None:  # the typed options (workbench.compare.options.CompareOptions), what rerun reads
+        doc["options"] = options.replace(criterion=result.criterion, mode=opts.get("requested_mode", result.mode),
+                                         engine_options=engine_options).to_json()
     if opts.get("custom_engines"):
         doc["rerunnable"] = False
         doc["why_not_rerunnable"] = f"the {' and '.join(opts['custom_engines'])} engine was a custom Engine instance"
@@ -261,6 +265,11 @@ def save_bundle(
     from ..inputs import feeds_from
 
     opts = {**(result.run_options or {}), **dict(compare_kwargs or {})}
+    if opts.get("options") is not None and compare_kwargs:
+        from dataclasses import fields
+
+        known = {f.name for f in fields(opts["options"])}
+        opts["options"] = opts["options"].replace(**{k: v for k, v in compare_kwargs.items() if k in known})
     if "torch" in (result.reference.split(":")[0], result.candidate.split(":")[0]):
         raise BundleError("a comparison that runs the torch engine cannot be bundled: the module is Python code, "
                           "not a file", "compare its ONNX export on file-based engines (e.g. ref vs ort:fp16) and "

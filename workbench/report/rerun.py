@@ -77,6 +77,7 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
     ``model``: the file to use for a bundle that keeps only a reference to its model."""
     from ..compare.api import compare
     from ..compare.criterion import Criterion
+    from ..compare.options import CompareOptions
 
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
     if b.manifest.get("kind") == "calibrate":  # a calibration bundle: collect again, compare thresholds
@@ -94,6 +95,7 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
         cand = b.load_model("cand_model", cand_model) if m.get("cand_model") else None
         try:
             criterion = Criterion.from_json(opts["criterion"])
+            options = CompareOptions.from_json(opts["options"]) if isinstance(opts.get("options"), dict) else None
             kwargs = {
                 "mode": opts.get("mode", "auto"), "memory_budget": opts.get("memory_budget"),
                 "keep_fp32": list(opts.get("keep_fp32") or ()), "inline_branches": bool(opts.get("inline_branches",
@@ -109,8 +111,13 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
         feeds = b.feeds()
         calib = b.calibration_feeds()
         log.info("rerunning %s vs %s on %s (%d feeds)", reference, candidate, loaded.name, len(feeds))
-        result = compare(loaded, reference, candidate, feeds=feeds, cand_model=cand, criterion=criterion,
-                         calibration_feeds=calib, progress=progress, **kwargs)
+        if options is not None:
+            result = compare(loaded, reference, candidate, options.replace(criterion=criterion), feeds=feeds,
+                             cand_model=cand, calibration_feeds=calib, progress=progress, isolate=kwargs["isolate"],
+                             timeout_s=kwargs["timeout_s"])
+        else:  # a bundle written before the typed options
+            result = compare(loaded, reference, candidate, feeds=feeds, cand_model=cand, criterion=criterion,
+                             calibration_feeds=calib, progress=progress, **kwargs)
         result.model["path"] = None if b._tmp is not None else result.model.get("path")
         diff = diff_results(saved, result, labels=("saved", "now"))
         then = dict(m["versions"]) if isinstance(m.get("versions"), dict) else {}
