@@ -426,7 +426,8 @@ def test_registry_and_specs():
     rows = {r["name"]: r for r in available_engines()}
     assert set(rows) == {"ort", "ort-cuda", "ort-trt", "openvino", "ref", "torch", "trt"}
     assert rows["ort"]["available"] and rows["ref"]["available"]
-    assert all(set(r) == {"name", "description", "available", "reason"} for r in rows.values())
+    assert all(set(r) == {"name", "description", "available", "reason", "variants"} for r in rows.values())
+    assert rows["ref"]["variants"] == ("fp32", "fp16") and rows["ort"]["variants"] == ("fp32", "fp16", "int8")
     assert all(r["reason"] for r in rows.values() if not r["available"])
 
 

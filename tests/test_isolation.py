@@ -109,7 +109,7 @@ def test_crash_messages_name_the_runtime():
     engine = IsolatedEngine("trt")
     gone = WorkerGone("died", -11)
     assert str(engine._crash_error(gone, "building the engine")).startswith(
-        "the tensorrt worker crashed with SIGSEGV while building the engine -- rerun with --mode bisect or fewer "
+        "the TensorRT worker crashed with SIGSEGV while building the engine -- rerun with --mode bisect or fewer "
         "marked tensors")
     assert "most likely out of memory" in str(engine._crash_error(WorkerGone("died", -9), "running the model"))
 

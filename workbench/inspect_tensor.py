@@ -70,8 +70,7 @@ class TensorProbe:
     def _all_pairs(self) -> dict[str, str] | None:
         """Reference tensor -> candidate tensor for every pair compare() marks; None if they exceed the budget."""
         if self._pairs is None:
-            from .compare.budget import tensor_bytes
-            from .core.budget import parse_size
+            from .core.budget import parse_size, tensor_bytes
 
             plan = self.plan
             sizes = tensor_bytes(plan.ref_model, plan.feeds[0])

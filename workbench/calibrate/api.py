@@ -51,7 +51,7 @@ def calibrate(
     percentile at ``percentile``, entropy, mse); ``method``: the one sensitivity, representativeness and the
     sweep use (default: entropy if computed, else the first). ``sweep``: run the top-``top_k`` sweep.
     """
-    from ..compare.budget import parse_size
+    from ..core.budget import parse_size
     from ..model.load import load_model
 
     t_start = time.perf_counter()

@@ -3,7 +3,7 @@
 Activations are the model's float graph inputs and the float outputs of its main-graph nodes, in topological
 order; outputs of Constant nodes and of nodes that read only constants (weights, folded at build time) are
 left out, and so are integer tensors. The tensors are split into chunks whose estimated size for one feed fits
-the memory budget (:func:`workbench.compare.budget.chunks`); each chunk is one ONNX Runtime session marking
+the memory budget (:func:`workbench.core.budget.chunks`); each chunk is one ONNX Runtime session marking
 those tensors, and runs every feed. Sessions run the graph as written (no graph optimisation, like ORT's own
 calibrator), so which tensors share a chunk cannot change fusions and values: results do not depend on the
 budget. Each array updates its histogram and is dropped at once: memory is one
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ..compare.budget import chunks, tensor_bytes
+from ..core.budget import chunks, tensor_bytes
 from ..model.load import LoadedModel
 from .histogram import TensorHistogram
 
@@ -76,7 +76,7 @@ def collect(
     span: tuple[float, float] = (0.0, 1.0),
 ) -> Collection:
     """Histograms of ``tensors`` over ``feeds`` (see the module docstring). ``span``: the progress range used."""
-    from ..compare.strategies import Cancelled
+    from ..core.progress import Cancelled
     from ..engines import get_engine
 
     start = time.perf_counter()

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..compare.metrics import decode_float, encode_float
+from ..core.floats import decode_float, encode_float
 from .fakequant import HistogramErrorModel
 from .histogram import TensorHistogram
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..compare.metrics import decode_float, encode_float
+from ..core.floats import decode_float, encode_float
 from .errors import QuantError, SensitivityEntry, rank_sensitivity
 from .exceptions import CalibrationError
 from .histogram import TensorHistogram
@@ -230,7 +230,7 @@ class CalibrationReport:
                   per_channel: bool = True) -> dict:
         """Run the QDQ model and the FP32 model on ORT (CPU) over ``feeds``; per-output metrics (the worst output's
         ``sqnr_db`` and ``cosine`` on top), stored in ``self.qdq[method]``."""
-        from ..compare.metrics import ErrorStats
+        from ..core.metrics import ErrorStats
         from ..engines import get_engine
 
         method = self._method(method)

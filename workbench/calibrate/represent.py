@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..compare.metrics import decode_float, encode_float
+from ..core.floats import decode_float, encode_float
 from .fakequant import HistogramErrorModel
 from .histogram import TensorHistogram, _merge_bins
 from .methods import compute_amax

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-from ..compare.metrics import ErrorStats, decode_float, encode_float
+from ..core.metrics import ErrorStats, decode_float, encode_float
 from .qdq import insert_qdq
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def run_sweep(
     progress: Callable[[float, str], None] | None = None,
 ) -> SweepResult:
     """Run the sweep over ``candidates`` (already ranked and cut to top-K) with ``amax`` for every tensor."""
-    from ..compare.strategies import Cancelled
+    from ..core.progress import Cancelled
     from ..engines import get_engine
 
     engine = get_engine("ort", threads=1, graph_optimization="disable")  # fake quant as written: no QLinear fusion

@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from ..core.metric_info import HIGHER_IS_BETTER
+from ..core.metrics import ErrorStats
 from .criterion import Criterion
-from .metrics import ErrorStats
 from .result import Culprit
 
 #: floors of these formats are format limits (subtracted before ranking); integer grids are choices (not)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ..core.metrics import ErrorStats
 from .floor import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
-from .metrics import ErrorStats
 
 #: a reduction this long, summed in FP16, loses accuracy visibly (FP16 has an 11-bit significand)
 LONG_REDUCTION = 1024

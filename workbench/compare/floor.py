@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .metrics import ErrorStats
+from ..core.metrics import ErrorStats
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0 ** -14  # 6.1e-5

@@ -23,11 +23,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..core.metrics import ErrorStats
 from ..core.shapes import elem_type_of
 from ..engines.outputs import edit_lock
 from ..errors import EngineRunError
 from .floor import excess_db
-from .metrics import ErrorStats
 from .result import Culprit
 
 log = logging.getLogger(__name__)

@@ -21,13 +21,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..core.budget import parse_size
+from ..core.budget import chunks, parse_size, tensor_bytes
+from ..core.metrics import ErrorStats
 from ..core.progress import Cancelled, Progress, Steps  # noqa: F401 - Cancelled and Progress are re-exported
 from ..errors import EngineRunError
-from .budget import chunks, tensor_bytes
 from .floor import Floors
 from .isolate import build_isolation, set_input_ranks
-from .metrics import ErrorStats
 from .pairs import TensorPair
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,18 @@
-"""Memory sizes as users write them, and the default budget."""
+"""Memory budgets: sizes as users write them, the default budget, tensor size estimates and chunks of tensors
+that fit a budget."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
 
 from ..errors import WorkbenchError
+from .shapes import infer_shapes_lenient
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
@@ -39,3 +46,44 @@ def total_memory() -> int:
 def default_budget() -> int:
     """A quarter of physical memory, at most 4 GiB."""
     return int(min(total_memory() // 4, 4 << 30))
+
+
+def infer_for_feed(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A shape-inferred, weight-free copy of ``model`` with its input shapes fixed to this feed's (estimates)."""
+    shapes = {name: np.shape(v) for name, v in feed.items()}
+    return infer_shapes_lenient(model, data_prop=True, input_shapes=shapes)
+
+
+def tensor_bytes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, int | None]:
+    """Bytes of every value in ``model`` for this feed's input shapes, by shape inference (None if unknown)."""
+    m = infer_for_feed(model, feed)
+    sizes: dict[str, int | None] = {}
+    for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
+        tt = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if not tt.HasField("shape") or None in dims or not tt.elem_type:
+            sizes[vi.name] = None
+            continue
+        try:
+            itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
+        except (KeyError, TypeError, ValueError):
+            itemsize = 4
+        sizes[vi.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    return sizes
+
+
+def chunks(names: Sequence[str], sizes: dict[str, int | None], budget: int) -> Iterator[list[str]]:
+    """Consecutive groups of ``names`` whose estimated sizes sum to at most ``budget`` (at least one each)."""
+    known = [s for s in sizes.values() if s]
+    fallback = max(known) if known else 1 << 20
+    group: list[str] = []
+    used = 0
+    for name in names:
+        size = sizes.get(name) or fallback
+        if group and used + size > budget:
+            yield group
+            group, used = [], 0
+        group.append(name)
+        used += size
+    if group:
+        yield group

@@ -1,7 +1,7 @@
 """One descriptor per comparison metric: how it reads (direction, unit, scale) wherever it is shown or judged.
 
 Plots, panels, the HTML report, diff and the criterion read these instead of keeping their own lists: a new
-metric is one :class:`MetricInfo` here plus its computation in :mod:`workbench.compare.metrics`.
+metric is one :class:`MetricInfo` here plus its computation in :mod:`workbench.core.metrics`.
 """
 
 from __future__ import annotations

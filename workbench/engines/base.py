@@ -30,9 +30,18 @@ class Session(ABC):
 
 
 class Engine(ABC):
-    """One runtime. Adapters live beside this module; :func:`workbench.engines.get_engine` builds them."""
+    """One runtime. An engine describes itself with class attributes, so adding one is one file (the class)
+    plus one line in :data:`workbench.engines.registry.BUILTIN` (or an entry point in the ``workbench.engines``
+    group, for a third-party package)."""
 
+    #: the name users type in a spec (``ort``, ``openvino``, ...)
     name: str = ""
+    #: one line for pickers and ``--help``
+    label: str = ""
+    #: precision variants this engine can run (``fp32``, ``fp16``, ``int8``)
+    variants: tuple[str, ...] = ("fp32", "fp16", "int8")
+    #: native code that may crash or hang the caller: run it in a worker process by default
+    isolated_by_default: bool = False
     #: True where marking every tensor as an output is cheap and does not change the computation
     #: (ORT, OpenVINO, ref); False for TensorRT, whose fusions change (layer-wise search bisects there).
     marks_all_cheaply: bool = True
@@ -44,8 +53,9 @@ class Engine(ABC):
 
     @abstractmethod
     def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
-        """Build a session on ``model`` (never modified) that returns the tensors named in ``outputs``
-        (graph outputs or intermediate tensors)."""
+        """Build a session on ``model`` that returns the tensors named in ``outputs`` (graph outputs or
+        intermediate tensors). ``model`` must be neither modified nor kept: callers may edit it in place right
+        after this returns (copy it if the session needs it later)."""
 
     @abstractmethod
     def describe(self) -> dict:

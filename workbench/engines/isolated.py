@@ -24,8 +24,6 @@ log = logging.getLogger(__name__)
 
 BUILDING = "building the engine"
 RUNNING = "running the model"
-WORKER_LABELS = {"trt": "tensorrt", "ort": "onnxruntime", "ort-cuda": "onnxruntime CUDA",
-                 "ort-trt": "onnxruntime TensorRT", "ref": "reference evaluator"}
 CRASH_HINT = "rerun with --mode bisect or fewer marked tensors; the next call starts a new worker"
 
 
@@ -49,17 +47,17 @@ class IsolatedEngine(Engine):
         self.memory_limit_bytes = memory_limit_bytes
         cls, defaults = engine_class(self.engine_name)
         self._cls, self._defaults = cls, {**defaults, **self.options}
-        self.name = cls.__name__ if is_dotted_path(self.engine_name) else self.engine_name.partition(":")[0]
-        self._label = WORKER_LABELS.get(self.name, self.name)
-        self.marks_all_cheaply = cls.marks_all_cheaply and self._defaults.get("provider") != "trt"
+        dotted = is_dotted_path(self.engine_name)
+        self.name = cls.__name__ if dotted else self.engine_name.partition(":")[0]
+        self._label = cls.__name__ if dotted else (cls.label.split(",")[0].split("(")[0].strip() or self.name)
+        self.marks_all_cheaply = cls.marks_all_cheaply
         self._worker: Worker | None = None
         self._generation = 0
         self._lock = threading.RLock()
         self._described: dict = {}
 
     def availability(self) -> tuple[bool, str]:  # type: ignore[override]
-        provider = self._defaults.get("provider")
-        return self._cls.availability(provider) if provider else self._cls.availability()
+        return self._cls.availability()
 
     def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
         payload = model_payload(model)

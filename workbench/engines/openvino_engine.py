@@ -22,6 +22,7 @@ class OpenVinoEngine(Engine):
     default to bf16, which would make the "fp32" baseline silently lossy."""
 
     name = "openvino"
+    label = "OpenVINO, CPU plugin, f32 inference precision"
 
     def __init__(self, device: str = "CPU", inference_precision: str = "f32", config: dict | None = None):
         self.device = device

@@ -37,8 +37,13 @@ class OrtEngine(Engine):
     """ONNX Runtime with one execution provider (``cpu``, ``cuda`` or ``trt``; CPU stays last for unsupported
     nodes). A session whose requested GPU provider was silently dropped is refused, never run on CPU."""
 
-    def __init__(self, provider: str = "cpu", threads: int | None = None, graph_optimization: str = "all",
+    name = "ort"
+    label = "ONNX Runtime, CPU execution provider"
+    provider_default = "cpu"
+
+    def __init__(self, provider: str | None = None, threads: int | None = None, graph_optimization: str = "all",
                  provider_options: dict | None = None, memory_arena: bool | None = None):
+        provider = provider or self.provider_default
         if provider not in PROVIDERS:
             raise SpecError(f"unknown onnxruntime provider {provider!r}", f"use one of {', '.join(PROVIDERS)}")
         if graph_optimization not in OPTIMIZATION_LEVELS:
@@ -52,13 +57,12 @@ class OrtEngine(Engine):
         self.name = ENGINE_NAMES[provider]
         # TensorRT EP fusions change when tensors are marked; the bisecting search handles that.
         self.marks_all_cheaply = provider != "trt"
-        self.availability = functools.partial(type(self).availability, provider)  # per instance: its provider
+        self.availability = functools.partial(_availability, provider)  # per instance: its own provider
         self._providers_used: list[str] | None = None
 
     @classmethod
-    def availability(cls, provider: str = "cpu") -> tuple[bool, str]:
-        problem = _unavailable(provider)
-        return (False, f"{problem[0]} -- {problem[1]}") if problem else (True, "")
+    def availability(cls) -> tuple[bool, str]:
+        return _availability(cls.provider_default)
 
     def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
         import onnxruntime as ort
@@ -134,6 +138,30 @@ class OrtEngine(Engine):
             f"{self.name}: onnxruntime silently fell back from {wanted} to {', '.join(used)}: {why}",
             f"refusing to report CPU numbers as GPU ones; {GPU_HINT}",
         )
+
+
+class OrtCudaEngine(OrtEngine):
+    """ONNX Runtime's CUDA execution provider (onnxruntime-gpu)."""
+
+    name = "ort-cuda"
+    label = "ONNX Runtime, CUDA execution provider (onnxruntime-gpu)"
+    provider_default = "cuda"
+    isolated_by_default = True
+
+
+class OrtTrtEngine(OrtEngine):
+    """ONNX Runtime's TensorRT execution provider (onnxruntime-gpu + TensorRT)."""
+
+    name = "ort-trt"
+    label = "ONNX Runtime, TensorRT execution provider (onnxruntime-gpu + TensorRT)"
+    provider_default = "trt"
+    isolated_by_default = True
+    marks_all_cheaply = False
+
+
+def _availability(provider: str) -> tuple[bool, str]:
+    problem = _unavailable(provider)
+    return (False, f"{problem[0]} -- {problem[1]}") if problem else (True, "")
 
 
 class OrtSession(Session):

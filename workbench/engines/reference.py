@@ -31,6 +31,9 @@ class ReferenceEngine(Engine):
     """
 
     name = "ref"
+    label = ("onnx's ReferenceEvaluator in float64: the golden answer ('ref:fp16': the FP16 variant in numpy "
+             "float16 arithmetic, an emulation that shows FP16 overflow on a CPU)")
+    variants = ("fp32", "fp16")
 
     def __init__(self, precision: str = "float64"):
         if precision not in ("float64", "native"):

@@ -36,7 +36,9 @@ class TensorRTEngine(Engine):
     directory unless given) keeps built engines keyed by model bytes, marked tensors and TRT version."""
 
     name = "trt"
+    label = "TensorRT (strongly typed networks on TRT >= 10)"
     marks_all_cheaply = False
+    isolated_by_default = True
 
     def __init__(self, strongly_typed: bool | None = None, workspace: int | None = None,
                  timing_cache: str | None = None, engine_cache_dir: str | None = None, use_debug_tensors: bool = True):

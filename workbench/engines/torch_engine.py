@@ -27,6 +27,8 @@ class TorchEngine(Engine):
     afterwards). ``example_inputs`` let ``prepare`` map tensors before the first run."""
 
     name = "torch"
+    label = "the torch.nn.Module itself, run eagerly"
+    variants = ("fp32",)
 
     def __init__(self, module: Any, example_inputs: Any = None):
         self.module = module

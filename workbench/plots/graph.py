@@ -164,7 +164,7 @@ def _op_colors(view: GraphView) -> dict[str, str]:
 
 def error_ratio(metrics: dict, criterion: Any) -> float:
     """How far a tensor's error sits from the tolerance, log10 (0: at it, -1: ten times below, >0: over)."""
-    from ..compare.metrics import HIGHER_IS_BETTER
+    from ..core.metric_info import HIGHER_IS_BETTER
 
     value = metrics.get(criterion.metric)
     if value is None or (isinstance(value, float) and math.isnan(value)):

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ..compare.metrics import HIGHER_IS_BETTER
 from ..compare.result import CompareResult
+from ..core.metric_info import HIGHER_IS_BETTER
 from .safety import BundleError, UnsafeBundleError, check_npy_bytes, read_json
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,19 @@ from .safety import BundleError
 log = logging.getLogger(__name__)
 
 SCHEMA = "workbench.rerun/1"
+#: bundle kind -> "module:function" that reruns it (report/ names producers above it, never imports them)
+RERUNNERS = {"calibrate": "workbench.calibrate.bundle:rerun_calibration"}
+
+
+def _rerunner(kind: str):
+    import importlib
+
+    target = RERUNNERS.get(kind)
+    if target is None:
+        raise BundleError(f"bundles of kind {kind!r} cannot be rerun by this version",
+                          f"known kinds: compare, {', '.join(RERUNNERS)}")
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass
@@ -80,10 +93,9 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
     from ..compare.options import CompareOptions
 
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
-    if b.manifest.get("kind") == "calibrate":  # a calibration bundle: collect again, compare thresholds
-        from ..calibrate.bundle import rerun_calibration
-
-        return rerun_calibration(b, model=model)
+    kind = b.manifest.get("kind", "compare")
+    if kind != "compare":  # another producer's bundle (calibration): its own rerunner, by name
+        return _rerunner(kind)(b, model=model)
     try:
         m = b.manifest
         opts = m["compare"]

@@ -138,7 +138,7 @@ def requantized_weights(reference: onnx.ModelProto, candidate: onnx.ModelProto, 
     scales (ORT's quantizer names them NAME_quantized), when the dequantized weight is worse than ``min_sqnr_db``
     or clips values."""
     from ..compare.floor import NumberFormat, _dq_format
-    from ..compare.metrics import ErrorStats
+    from ..core.metrics import ErrorStats
 
     ref = {t.name: t for t in reference.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
     inits = {t.name: t for t in candidate.graph.initializer}
