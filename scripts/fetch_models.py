@@ -2,7 +2,8 @@
 
     python scripts/fetch_models.py [--cache DIR] [NAME ...]
 
-Models: ppocr-det, ppocr-rec, ppocr-cls (PP-OCR v4/v2 from rapidocr-onnxruntime 1.4.4).
+Models: ppocr-det, ppocr-rec, ppocr-cls (PP-OCR v4/v2 from rapidocr-onnxruntime 1.4.4);
+ppocrv3-det, ppocrv3-rec (PP-OCRv3 from rapidocr-onnxruntime 1.2.3).
 The cache defaults to $WORKBENCH_CACHE or <repo>/.cache; models land in <cache>/models/<name>.onnx.
 The wheel's sha256 is checked before anything is extracted.
 """
@@ -28,12 +29,18 @@ WHEELS = {
         "file": "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
         "sha256": "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
     },
+    "rapidocr-onnxruntime==1.2.3": {
+        "file": "rapidocr_onnxruntime-1.2.3-py3-none-any.whl",
+        "sha256": "c707d3a6eb72d13119afe9602d3cc36d8b2a4a4d74e9575cf1b0e67ed6a27819",
+    },
 }
 
 MODELS = {
     "ppocr-det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
     "ppocr-rec": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
     "ppocr-cls": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+    "ppocrv3-det": ("rapidocr-onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_det_infer.onnx"),
+    "ppocrv3-rec": ("rapidocr-onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx"),
 }
 
 

@@ -34,16 +34,20 @@ def healthy():
     return compare(SAMPLES / "healthy_cnn.onnx", "ort", "ort:fp16")
 
 
+FLOOR_TRACES = ["FP16 floor band edge", "FP16 floor (reference held in FP16)"]
+
+
 def test_layer_error_curve(clamp, healthy):
     result, _ = clamp
     fig = plots.layer_error_curve(result)
     names = [t.name for t in fig.data]
-    assert names == ["sqnr_db", "diverged", "first divergent"]
+    assert names == ["sqnr_db", *FLOOR_TRACES, "diverged", "graph output", "first divergent"]
     line = fig.data[0]
     assert list(line.x) == sorted(t.topo_index for t in result.tensors)
     first = result.first_divergent
-    assert list(fig.data[2].x) == [first.topo_index]
-    assert fig.data[2].y[0] == pytest.approx(first.metrics["sqnr_db"])
+    star = fig.data[names.index("first divergent")]
+    assert list(star.x) == [first.topo_index]
+    assert star.y[0] == pytest.approx(first.metrics["sqnr_db"])
     hline = [s for s in fig.layout.shapes if s.y0 == s.y1]
     assert hline and hline[0].y0 == result.criterion.threshold  # the tolerance line
     assert any("first divergent" in (a.text or "") for a in fig.layout.annotations)
@@ -51,12 +55,16 @@ def test_layer_error_curve(clamp, healthy):
     exact = compare(SAMPLES / "healthy_cnn.onnx", "ort", "ort")
     ys = plots.layer_error_curve(exact).data[0].y
     assert all(math.isfinite(y) for y in ys)
-    assert [t.name for t in plots.layer_error_curve(healthy).data] == ["sqnr_db"]
+    assert [t.name for t in plots.layer_error_curve(exact).data] == ["sqnr_db", "graph output"]  # fp32: no floor
+    assert [t.name for t in plots.layer_error_curve(healthy).data] == ["sqnr_db", *FLOOR_TRACES, "graph output"]
     tb = compare(SAMPLES / "transformer_block.onnx", "ref", "ref:fp16", feeds=SAMPLES / "transformer_block_inputs.npz")
     odd = [t for t in plots.layer_error_curve(tb).data if t.name == "inf/NaN mismatch"]
     assert odd and tb.first_divergent.topo_index in list(odd[0].x)  # diverged by inf, not by SQNR
     log = plots.layer_error_curve(result, "max_abs")
     assert log.layout.yaxis.type == "log" and not [s for s in log.layout.shapes if s.y0 == s.y1]
+    # an annotation on a log axis sits at log10 of its value
+    note = next(a for a in log.layout.annotations if "first divergent" in (a.text or ""))
+    assert note.y == pytest.approx(math.log10(first.metrics["max_abs"]))
 
 
 def test_metric_histogram_and_culprit_bars(clamp):
@@ -67,7 +75,7 @@ def test_metric_histogram_and_culprit_bars(clamp):
                       "diverged": sum(t.diverged for t in result.tensors)}
     assert any(s.x0 == s.x1 == result.criterion.threshold for s in fig.layout.shapes)
     bars = plots.culprit_bars(result)
-    assert bars.data[0].y[0].startswith("1. /bn_big_var/BatchNormalization")
+    assert bars.data[0].y[0] == "1. /bn_big_var/BatchNormalization (BatchNormalization)"  # harmful: no label
     assert bars.data[0].x[0] == pytest.approx(result.culprits[0].introduced["sqnr_db"])
     assert bars.data[1].x[0] == pytest.approx(result.culprits[0].received["sqnr_db"])
 
@@ -102,10 +110,22 @@ def test_report_is_self_contained(clamp, tmp_path):
     result, values = clamp
     path = write_report(result, tmp_path / "r.html", tensors=values)
     text = path.read_text()
-    for section in ("Summary", "Culprits", "Per-layer error", "Histograms", "Op inventory", "Tensors"):
+    for section in ("Summary", "Outputs", "Culprits", "Per-layer error", "Histograms", "Op inventory", "Tensors"):
         assert f"<h2>{section}</h2>" in text
     assert result.model["sha256"] in text and "DIVERGED" in text and "BatchNormalization" in text
     assert "clamped constant" in text  # the explanation
+    body = _body(text)
+    summary = _section(body, "Summary")
+    assert 'DIVERGED</span> output(s) logits fail sqnr_db &lt; 30' in summary
+    assert "<th>candidate precision</th><td><b>fp16</b>" in summary and "float16 holds 100%" in summary
+    assert "<th>reference precision</th><td><b>fp32</b>" in summary
+    outputs = _section(body, "Outputs")
+    assert "<code>logits</code>" in outputs and "FP16 " in outputs and "DIVERGED" in outputs
+    culprits = _section(body, "Culprits")
+    assert '<span class="verdict bad">harmful</span>' in culprits
+    gain = result.culprits[0].impact["best_gain_db"]
+    assert f"fixing it gains {gain:.4g} dB on the outputs" in culprits
+    assert "FP16 floor (reference held in FP16)" in body  # the per-layer curve carries the floor band
     assert "Content-Security-Policy" in text and "default-src 'none'" in text
     # no external resource: no src/href to anything, no stylesheet link, no CSS import or url()
     assert not re.search(r"<script[^>]+src=", text) and "<link" not in text
@@ -126,6 +146,73 @@ def test_cli_compare_writes_report_and_bundle(tmp_path, capsys):
     assert "report written" in err and "bundle written" in err
     assert report.stat().st_size > 1_000_000 and (bundle / "manifest.json").is_file()
     assert "value distributions" in report.read_text()  # selected tensors captured for the histograms
+
+
+def _body(text: str) -> str:
+    """The report's body without plotly.js and the embedded result JSON."""
+    return text.split("</head>", 1)[1].split('<script type="application/json" id="workbench-result">')[0]
+
+
+def _section(body: str, name: str) -> str:
+    return body.split(f"<h2>{name}</h2>", 1)[1].split("<h2>", 1)[0]
+
+
+def test_report_of_a_passing_run_with_internal_dips(tmp_path):
+    result = compare(SAMPLES / "transformer_block.onnx", "ort", "ort:fp16",
+                     feeds=SAMPLES / "transformer_block_inputs.npz")
+    assert not result.diverged
+    body = _body(write_report(result, tmp_path / "r.html").read_text())
+    summary = _section(body, "Summary")
+    assert '<span class="verdict good">OK</span> every output passes sqnr_db &lt; 30' in summary
+    assert "3 internal dip(s)" in summary and "not a divergence" in summary and "first divergent" not in summary
+    outputs = _section(body, "Outputs")
+    assert "Internal dips (3)" in outputs and "/block/ln2/Pow_output_0" in outputs
+    assert outputs.count('<span class="verdict dip">internal dip</span>') == 3
+    assert "DIVERGED" not in body.split("<h2>Per-layer error</h2>")[0]
+    assert '"name":"internal dip (outputs pass)"' in body and '"name":"first divergent"' not in body
+
+
+def test_report_of_an_output_at_its_floor(tmp_path):
+    from test_ui_plots import at_floor_result
+
+    result = at_floor_result(tmp_path)
+    body = _body(write_report(result, tmp_path / "r.html").read_text())
+    assert "1 at the candidate format&#x27;s floor" in _section(body, "Summary")
+    outputs = _section(body, "Outputs")
+    assert '<tr class="row-floor">' in outputs and '<span class="verdict floor">at its floor</span>' in outputs
+    culprits = _section(body, "Culprits")
+    assert '<span class="verdict harmless">harmless</span>' in culprits and "gains at most" in culprits
+
+
+def test_report_plots_hold_no_out_of_range_floats(tmp_path):
+    """inf/NaN metrics (FP16 overflow) reach neither the figures nor the embedded JSON."""
+    result = compare(SAMPLES / "cnn_fp16_overflow.onnx", "ref", "ref:fp16")
+    assert result.tensor("logits").metrics["nonfinite_mismatch"] > 0
+    text = write_report(result, tmp_path / "r.html").read_text()
+    body = _body(text)
+    assert not re.search(r"[:\[,]\s*-?(NaN|Infinity)\b", body), "a bare NaN/Infinity in the plots' JSON"
+    blob = re.search(r'<script type="application/json" id="workbench-result">(.*?)</script>', text, re.S).group(1)
+    json.loads(blob, parse_constant=lambda c: pytest.fail(f"{c} in the embedded result"))
+    assert "inf\\u002fNaN values drawn at" in body  # plotly escapes "/" in its JSON
+
+
+def test_report_of_a_result_from_before_precision_floors(clamp, tmp_path):
+    """A results JSON without "precision", "verdict" or floors renders; the report says what is missing."""
+    from workbench.compare.result import CompareResult
+
+    result, _ = clamp
+    doc = json.loads(json.dumps(result.to_json()))
+    del doc["precision"], doc["verdict"]
+    for t in doc["tensors"]:
+        t.pop("floor", None), t.pop("at_floor", None)
+    for c in doc["culprits"]:
+        for key in ("floor", "beyond_floor", "impact"):
+            c.pop(key, None)
+    old = CompareResult.from_json(doc)
+    body = _body(write_report(old, tmp_path / "r.html").read_text())
+    assert "not recorded" in _section(body, "Summary") and "DIVERGED" in _section(body, "Summary")
+    assert "not measured" in _section(body, "Culprits")
+    assert "floor (reference held" not in body
 
 
 def _chromium_or_skip():

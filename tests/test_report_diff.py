@@ -47,6 +47,18 @@ def test_diff_before_after_a_fix(before_after):
     assert doc["largest_changes"][0]["tensor"] != "/conv/Conv_output_0"
     text = diff.render()
     assert "verdict: DIVERGED -> ok (changed)" in text and "largest sqnr_db changes" in text
+    # the verdict is output-led: its reason, and the output that decides it
+    assert doc["verdict_reason"]["before"] == "output(s) logits fail sqnr_db < 30 or non-finite mismatch"
+    assert doc["verdict_reason"]["after"].startswith("every output passes")
+    assert doc["failed"] == {"before": True, "after": False, "changed": True}
+    [out] = doc["outputs"]
+    assert out["tensor"] == "logits" and out["state_before"] == "DIVERGED" and out["state_after"] == "ok"
+    assert out["before"] < 0 < 30 < out["after"] and out["changed"]
+    assert "output logits: sqnr_db -" in text and "(DIVERGED -> ok)" in text
+    assert doc["precision"]["before"]["candidate"]["precision"] == "fp16"
+    assert bn["floor_before"] == pytest.approx(before.tensor(BN + "_output_0").floor["sqnr_db"])
+    assert doc["internal_dips"]["changed"] is False and doc["notes"] == []
+    json.dumps(doc, allow_nan=False)
 
 
 def test_diff_of_a_result_with_itself_and_of_bundles(before_after):
@@ -80,3 +92,57 @@ def test_cli_diff(before_after, tmp_path, capsys):
     (tmp_path / "inspect.json").write_text(json.dumps({"schema": "workbench.inspect/1"}))
     assert main(["diff", str(d / "before.json"), str(tmp_path / "inspect.json")]) == 2
     assert "workbench.compare/1" in capsys.readouterr().err
+
+
+def _strip_to_old_format(doc: dict) -> dict:
+    """A results JSON as written before precision-aware verdicts: no precision, verdict, floors or impact."""
+    doc = json.loads(json.dumps(doc))
+    del doc["precision"], doc["verdict"]
+    for t in doc["tensors"]:
+        t.pop("floor", None), t.pop("at_floor", None)
+    for c in doc["culprits"]:
+        for key in ("floor", "beyond_floor", "impact"):
+            c.pop(key, None)
+    return doc
+
+
+def test_results_from_before_precision_floors_load_and_diff(before_after, tmp_path):
+    d, before, after = before_after
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_strip_to_old_format(before.to_json())))
+    diff = diff_results(old, d / "after.json")
+    assert diff.before.precision == {} and all(t.floor is None for t in diff.before.tensors)
+    assert diff.verdict_changed and diff.first_divergent_changed and diff.top_culprit_changed
+    doc = diff.to_json()
+    json.dumps(doc, allow_nan=False)
+    assert doc["verdict"] == {"before": True, "after": False, "changed": True}
+    assert doc["precision"]["before"] is None and "candidate_precision" not in doc["specs_changed"]
+    assert len(doc["notes"]) == 1 and "before was written before precision-aware verdicts" in doc["notes"][0]
+    assert f"note: {diff.labels[0]} was written before precision-aware verdicts" in diff.render()
+    # a result diffed with its own old-format copy: the same conclusion and the same metrics
+    same = diff_results(before, old)
+    assert same.same_conclusion and same.metrics_match() and not same.internal_dips_changed
+    assert main(["diff", str(old), str(d / "after.json")]) == 0
+
+
+def test_diff_reports_internal_dip_changes(tmp_path):
+    """ort:fp16 passes with internal dips in the second LayerNorm; FP16 arithmetic (ref:fp16) overflows its Pow
+    and the output diverges: the dips become the divergence."""
+    feeds = SAMPLES / "transformer_block_inputs.npz"
+    ort = compare(SAMPLES / "transformer_block.onnx", "ort", "ort:fp16", feeds=feeds)
+    ref = compare(SAMPLES / "transformer_block.onnx", "ref", "ref:fp16", feeds=feeds)
+    pow_out = "/block/ln2/Pow_output_0"
+    assert not ort.diverged and pow_out in [t.tensor for t in ort.internal_dips] and ref.diverged
+    diff = diff_results(ort, ref, labels=("ort", "ref"))
+    assert diff.verdict_changed and diff.internal_dips_changed
+    dips = diff.to_json()["internal_dips"]
+    assert pow_out in dips["before"] and dips["after"] == [] and pow_out in dips["gone"] and dips["changed"]
+    assert diff.to_json()["first_divergent"]["after"]["tensor"] == pow_out
+    text = diff.render()
+    assert f"internal dips: {len(ort.internal_dips)} -> 0; gone: {pow_out}" in text
+    assert "verdict: ok -> DIVERGED (changed)" in text and "output y: sqnr_db" in text and "(ok -> DIVERGED)" in text
+    back = diff_results(ref, ort)
+    assert back.internal_dips["new"] == [t.tensor for t in ort.internal_dips]
+    unchanged = diff_results(ort, ort)
+    assert not unchanged.internal_dips_changed and unchanged.same_conclusion
+    assert f"internal dips: {len(ort.internal_dips)} -> {len(ort.internal_dips)}" in unchanged.render()

@@ -84,11 +84,23 @@ def test_compare_run_finds_the_planted_culprit():
     assert isinstance(thread, threading.Thread)
     assert panel.wait(120)
     assert panel.jobs.error is None, panel.jobs.status.value
-    assert wb.state.result is not None and wb.state.result.culprits[0].node == CULPRIT
-    assert "first divergent: /bn_big_var/BatchNormalization" in panel.summary.value
+    result = wb.state.result
+    assert result is not None and result.culprits[0].node == CULPRIT and result.diverged
+    summary = panel.summary.value
+    assert "first divergent: /bn_big_var/BatchNormalization" in summary
+    assert "DIVERGED: output(s) logits fail sqnr_db &lt; 30" in summary
+    # both sides' inferred precision, what it was read from as a tooltip
+    assert "inferred precision: reference <b title=" in summary
+    source = result.precision["candidate"]["precision_source"]
+    assert f'candidate <b title="{source}">fp16</b>' in summary
+    assert "FP16 " in summary and "<td>logits</td>" in summary  # the output against its floor
     buttons = [row.children[0] for row in panel.culprit_rows.children[1:]]
-    assert buttons[0].description == f"#1 {CULPRIT}"
-    assert "clamped constant" in panel.culprit_rows.children[1].children[1].value
+    assert buttons[0].description == f"#1 {CULPRIT}" and buttons[0].button_style == "danger"
+    row = panel.culprit_rows.children[1].children[1].value
+    assert "clamped constant" in row and ">harmful</b>" in row
+    gain = result.culprits[0].impact["best_gain_db"]
+    assert f"impact: fixing it gains {gain:.3g} dB on the outputs (logits {gain:.3g} dB)" in row
+    assert "<td>DIVERGED</td>" in panel.tensors.value and "<th>floor</th>" in panel.tensors.value
     buttons[0].click()  # select it everywhere, bring Errors forward
     assert wb.state.selected == CULPRIT and wb.tabs.selected_index == 2
     assert wb.graph_panel.canvas.selected == CULPRIT
@@ -186,6 +198,7 @@ def test_errors_panel_click_shows_the_layer_detail():
     curve = panel.curve
     assert curve is not None and any(t.name == "first divergent" for t in curve.data)
     assert any(s.type == "line" for s in curve.layout.shapes), "the tolerance line"
+    assert any(t.name == "FP16 floor (reference held in FP16)" and t.fill == "tonexty" for t in curve.data)
     from plotly.callbacks import Points
 
     trace = curve.data[0]
@@ -193,6 +206,9 @@ def test_errors_panel_click_shows_the_layer_detail():
     panel._on_click(trace, Points(point_inds=[index], xs=[trace.x[index]], ys=[trace.y[index]],
                                   trace_name=trace.name, trace_index=0), None)
     assert wb.state.selected == CULPRIT
+    bn = wb.state.result.tensor(CULPRIT + "_output_0")
+    assert f"FP16 floor sqnr_db {bn.floor['sqnr_db']:.1f} dB" in panel.detail_title.value  # its floor next to it
+    assert "dB beyond it" in panel.detail_title.value and ">diverged</b>" in panel.detail_title.value
     assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
     assert "value distributions" in _outputs_text(panel.values_plot)
     assert "candidate vs reference" in _outputs_text(panel.scatter_plot)
@@ -212,6 +228,95 @@ def test_errors_panel_on_a_result_read_back_from_json(tmp_path):
     panel.select(CULPRIT)
     assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
     assert "value distributions" in _outputs_text(panel.values_plot)
+
+
+TRANSFORMER = SAMPLES / "transformer_block.onnx"
+POW = "/block/ln2/Pow"
+
+
+@pytest.fixture(scope="module")
+def dips_result():
+    """Outputs pass under ort:fp16; internal tensors of the second LayerNorm dip (Pow overflows FP16)."""
+    from workbench.compare.api import compare
+
+    return compare(TRANSFORMER, "ort", "ort:fp16", feeds=SAMPLES / "transformer_block_inputs.npz")
+
+
+def test_compare_panel_shows_a_passing_verdict_with_internal_dips(dips_result):
+    result = dips_result
+    assert not result.diverged and POW + "_output_0" in [t.tensor for t in result.internal_dips]
+    panel = ComparePanel(TRANSFORMER)
+    panel.state.result = result
+    summary = panel.summary.value
+    assert "ok: every output passes sqnr_db &lt; 30" in summary and "DIVERGED" not in summary
+    assert f"{len(result.internal_dips)} internal dip(s)" in summary and POW + "_output_0" in summary
+    assert "not a divergence" in summary and "first divergent" not in summary
+    assert "<td>internal dip</td>" in panel.tensors.value
+    labels = [row.children[1].value for row in panel.culprit_rows.children[1:]]
+    assert labels and all("impact: " in text for text in labels)
+
+
+def test_compare_panel_labels_outputs_at_their_floor_and_harmless_culprits(tmp_path):
+    from test_ui_plots import at_floor_result
+
+    result = at_floor_result(tmp_path)
+    panel = ComparePanel(tmp_path / "tiny_values.onnx")
+    panel.state.result = result
+    summary = panel.summary.value
+    assert "ok: every output passes" in summary and "1 at the candidate format&#x27;s floor" in summary
+    assert "1 output(s) at their precision floor: y" in summary
+    assert "ok, at its floor (the format cannot hold the values)" in summary
+    rows = panel.culprit_rows.children[1:]
+    harmless = [r for r, c in zip(rows, result.culprits) if c.harmless]
+    assert harmless and ">harmless</b>" in harmless[0].children[1].value
+    assert "fixing it gains at most" in harmless[0].children[1].value
+    assert harmless[0].children[0].button_style == ""  # only harmful culprits are red
+
+
+def test_auto_tolerance_follows_the_inferred_candidate_precision(tmp_path):
+    """"auto" shows the criterion compare() will pick: from the precision read from the model the candidate
+    runs (the loaded file itself for "fp32", the variant otherwise), the lossier side deciding."""
+    import onnx
+
+    from workbench.variants import make_variant
+
+    panel = ComparePanel(TRANSFORMER)  # an FP32 file
+    assert panel.metric.value == "default for the candidate precision" and panel.threshold.disabled
+    assert panel.threshold.value == 30.0 and "sqnr_db &lt; 30" in panel.tolerance_note.value
+    assert "expected precision: reference <b" in panel.precision.value and ">fp32</b>" in panel.precision.value
+    panel.cand_variant.value = "fp32"
+    assert panel.threshold.value == 60.0 and "computes in fp32" in panel.tolerance_note.value
+    panel.cand_variant.value = "int8"
+    assert panel.threshold.value == 0.1 and "norm_mean_abs &gt; 0.1" in panel.tolerance_note.value
+    fp16 = tmp_path / "transformer_fp16.onnx"  # the user's own FP16 file, run as loaded: still FP16
+    onnx.save(make_variant(onnx.load(TRANSFORMER), "fp16").model, fp16)
+    own = ComparePanel(fp16, candidate="ort")
+    assert own.cand_variant.value == "fp32" and own.threshold.value == 30.0
+    assert "computes in fp16: float16 holds" in own.tolerance_note.value
+    assert own.auto_criterion().text() == "sqnr_db<30"
+    own.metric.value = "cosine"  # a metric picked by hand starts from its usual tolerance
+    assert not own.threshold.disabled and own.threshold.value == 0.999
+    assert own.criterion().text() == "cosine<0.999"
+
+
+def test_errors_panel_shows_the_floor_of_the_selected_layer(dips_result):
+    panel = ErrorsPanel(dips_result, model=TRANSFORMER)
+    names = [t.name for t in panel.curve.data]
+    assert "first divergent" not in names and "internal dip (outputs pass)" in names
+    assert "FP16 floor (reference held in FP16)" in names
+    assert "ok: every output passes" in panel.message.value and "3 internal dip(s)" in panel.message.value
+    panel.select(POW)
+    pow_out = dips_result.tensor(POW + "_output_0")
+    title = panel.detail_title.value
+    assert f"sqnr_db {pow_out.metrics['sqnr_db']:.1f} dB" in title
+    assert f"FP16 floor sqnr_db {pow_out.floor['sqnr_db']:.1f} dB" in title
+    assert "exceed its range in FP16" in title and ">internal dip</b>" in title
+    panel.metric.value = "cosine"  # the detail follows the metric shown
+    assert "FP16 floor cosine" in panel.detail_title.value
+    assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
+    panel.select(dips_result.tensor("y").node)
+    assert "graph output" in panel.detail_title.value
+    assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
 
 
 def test_errors_panel_without_a_result_says_so():

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
+import numpy as np
 import pytest
 from conftest import REPO, SAMPLES, load_file
 
@@ -136,3 +138,195 @@ def test_layered_layout_is_fast_and_legible():
     for xi, li in zip(x, layer):
         rows.setdefault(li, []).append(xi)
     assert all(b - a >= 1 - 1e-9 for xs in rows.values() for a, b in zip(sorted(xs), sorted(xs)[1:]))
+
+
+# --- comparison plots: precision floor, output-led verdict, inf/NaN, JSON compliance ----------------------------
+
+def assert_json_finite(fig) -> None:
+    """No NaN or infinity anywhere in ``fig`` (JupyterLab: "Out of range float values are not JSON compliant"):
+    checked on plotly's own dict (before its encoder could quietly turn them into null) and on its JSON."""
+    def walk(o, where):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(o, np.ndarray):
+            assert o.dtype.kind not in "fc" or np.isfinite(o).all(), f"non-finite values in {where}"
+            if o.dtype == object:
+                walk(o.tolist(), where)
+        elif isinstance(o, (float, np.floating)):
+            assert math.isfinite(o), f"{o} at {where}"
+
+    walk(fig.to_plotly_json(), "figure")
+
+    def refuse(token):
+        raise AssertionError(f"{token} in the figure JSON")
+
+    json.loads(fig.to_json(), parse_constant=refuse)
+
+
+def at_floor_result(folder):
+    """x * 0.5 -> Relu on inputs ~1e-7, run with FP16 arithmetic (ref:fp16): about half the values sit below FP16's
+    smallest subnormal and flush to zero, so the output fails sqnr_db<30 only because FP16 cannot hold them: it is
+    at its precision floor (not diverged), and fixing the Mul gains almost nothing (a harmless culprit)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from workbench.compare.api import compare
+
+    w = numpy_helper.from_array(np.full((1, 64), 0.5, np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "W"], ["h"], name="/scale/Mul"),
+         helper.make_node("Relu", ["h"], ["y"], name="/act/Relu")], "tiny_values",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = folder / "tiny_values.onnx"
+    onnx.save(model, path)
+    feeds = {"x": (np.random.default_rng(0).standard_normal((1, 64)) * 1e-7).astype(np.float32)}
+    return compare(path, "ort", "ref:fp16", feeds=feeds)
+
+
+@pytest.fixture(scope="module")
+def dips_result():
+    from workbench.compare.api import compare
+
+    return compare(SAMPLES / "transformer_block.onnx", "ort", "ort:fp16",
+                   feeds=SAMPLES / "transformer_block_inputs.npz")
+
+
+@pytest.fixture(scope="module")
+def overflow_result():
+    from workbench.compare.api import compare
+
+    return compare(SAMPLES / "cnn_fp16_overflow.onnx", "ref", "ref:fp16")
+
+
+@pytest.fixture(scope="module")
+def floor_result(tmp_path_factory):
+    return at_floor_result(tmp_path_factory.mktemp("floor"))
+
+
+def _trace(fig, name):
+    found = [t for t in fig.data if t.name == name]
+    assert len(found) == 1, f"{name!r} not in {[t.name for t in fig.data]}"
+    return found[0]
+
+
+def test_error_curve_draws_the_floor_band_outputs_and_the_first_divergent(clamp_result):
+    from workbench.compare.floor import FLOOR_MARGIN_DB
+    from workbench.plots.compare import layer_error_curve
+
+    result = clamp_result
+    assert result.diverged and result.precision["candidate"]["precision"] == "fp16"
+    fig = layer_error_curve(result)
+    assert [t.name for t in fig.data] == ["sqnr_db", "FP16 floor band edge", "FP16 floor (reference held in FP16)",
+                                         "diverged", "graph output", "first divergent"]
+    tensors = sorted(result.tensors, key=lambda t: t.topo_index)
+    floor = _trace(fig, "FP16 floor (reference held in FP16)")
+    assert floor.fill == "tonexty" and floor.customdata is not None  # shaded towards the band edge; clickable
+    assert list(floor.y) == pytest.approx([t.floor["sqnr_db"] for t in tensors])
+    assert list(fig.data[1].y) == pytest.approx([t.floor["sqnr_db"] - FLOOR_MARGIN_DB for t in tensors])
+    assert fig.data[1].showlegend is False
+    # the floor sits ~90 dB above the clamped layers: a defect, far beyond what FP16 storage costs
+    bn = result.tensor("/bn_big_var/BatchNormalization_output_0")
+    assert bn.floor["sqnr_db"] > 70 > 0 > bn.metrics["sqnr_db"] and bn.diverged and not bn.at_floor
+    assert list(_trace(fig, "graph output").x) == [result.tensor("logits").topo_index]
+    assert list(_trace(fig, "first divergent").x) == [result.first_divergent.topo_index]
+    assert f"FP16 floor {bn.floor['sqnr_db']:.4g} dB" in fig.data[0].customdata[bn.topo_index][5]
+    assert "DIVERGED" in fig.data[0].customdata[bn.topo_index][6]
+    assert fig.layout.title.text.endswith("(fp32 vs fp16): DIVERGED")
+    assert_json_finite(fig)
+
+
+def test_error_curve_of_a_passing_run_marks_internal_dips_but_no_star(dips_result):
+    from workbench.plots.compare import layer_error_curve, metric_histogram
+
+    result = dips_result
+    assert not result.diverged and result.first_divergent is None
+    dips = [t.tensor for t in result.internal_dips]
+    assert "/block/ln2/Pow_output_0" in dips
+    fig = layer_error_curve(result)
+    names = [t.name for t in fig.data]
+    assert "first divergent" not in names and "diverged" not in names
+    assert not any("first divergent" in (a.text or "") for a in fig.layout.annotations)
+    dip = _trace(fig, "internal dip (outputs pass)")
+    assert sorted(dip.x) == sorted(result.tensor(t).topo_index for t in dips)
+    assert list(_trace(fig, "graph output").x) == [result.tensor("y").topo_index]
+    assert result.tensor("/block/ln2/Pow_output_0").topo_index in list(_trace(fig, "inf/NaN mismatch").x)
+    assert fig.layout.title.text.endswith(": ok")
+    hist = metric_histogram(result)
+    assert {t.name: int(sum(t.y)) for t in hist.data} == {"within tolerance": len(result.tensors) - len(dips),
+                                                          "internal dip (outputs pass)": len(dips)}
+    for f in (fig, hist):
+        assert_json_finite(f)
+
+
+def test_inf_nan_layers_are_drawn_at_a_cap_not_as_gaps(overflow_result):
+    from workbench.plots.compare import culprit_bars, layer_error_curve, metric_histogram
+
+    result = overflow_result
+    logits = result.tensor("logits")
+    assert result.diverged and logits.metrics["nonfinite_mismatch"] > 0 and logits.metrics.get("sqnr_db") is None
+    fig = layer_error_curve(result)
+    line = fig.data[0]
+    assert all(v is not None and math.isfinite(v) for v in line.y), "no gap in the curve"
+    finite = [t for t in result.tensors if isinstance(t.metrics.get("sqnr_db"), float)]
+    capped = [i for i, row in enumerate(line.customdata) if "drawn at the cap" in row[3]]
+    assert capped and len(capped) == len(result.tensors) - len(finite)
+    cap = line.y[capped[0]]
+    assert all(line.y[i] == cap for i in capped)
+    assert cap < min(t.metrics["sqnr_db"] for t in finite) and cap < result.criterion.threshold
+    assert logits.topo_index in list(_trace(fig, "inf/NaN mismatch").x)
+    assert any("inf/NaN values drawn at" in (a.text or "") for a in fig.layout.annotations)
+    unbinned = len(result.tensors) - len(finite)
+    assert f"{unbinned} with an inf/NaN sqnr_db not binned" in metric_histogram(result).layout.title.text
+    for m in ("sqnr_db", "cosine", "max_abs", "norm_mean_abs"):
+        curve = layer_error_curve(result, m)
+        assert all(v is not None for v in curve.data[0].y), m
+        for f in (curve, metric_histogram(result, m), culprit_bars(result, m)):
+            assert_json_finite(f)
+    log = layer_error_curve(result, "max_abs")  # error metrics: inf/NaN drawn above the worst finite error
+    assert log.layout.yaxis.type == "log"
+    ys = [y for y, row in zip(log.data[0].y, log.data[0].customdata) if "drawn at the cap" not in row[3]]
+    assert min(y for y, row in zip(log.data[0].y, log.data[0].customdata) if "drawn at the cap" in row[3]) > max(ys)
+
+
+def test_error_curve_marks_outputs_at_their_floor(floor_result):
+    from workbench.plots.compare import layer_error_curve
+
+    result = floor_result
+    y = result.tensor("y")
+    assert not result.diverged and y.at_floor and not y.diverged and y.floor["share_flushed"] > 0
+    assert "1 at the candidate format's floor" in result.verdict()["reason"]
+    fig = layer_error_curve(result)
+    at_floor = _trace(fig, "at its FP16 floor (not diverged)")
+    assert y.topo_index in list(at_floor.x)
+    assert at_floor.marker.symbol != _trace(fig, "graph output").marker.symbol
+    assert "first divergent" not in [t.name for t in fig.data]
+    assert "at its FP16 floor" in fig.data[0].customdata[y.topo_index][6]
+    assert_json_finite(fig)
+
+
+def test_culprit_bars_label_harmless_culprits_and_show_the_gain(clamp_result, floor_result):
+    from workbench.plots.compare import BAD_COLOR, HARMLESS_COLOR, culprit_bars
+
+    harmful = clamp_result.culprits[0]
+    assert not harmful.harmless and harmful.impact["best_gain_db"] > 50
+    bars = culprit_bars(clamp_result)
+    assert not bars.data[0].y[0].endswith("(harmless)") and bars.data[0].marker.color[0] == BAD_COLOR
+    assert bars.data[0].customdata[0][2].startswith("fixing it gains 99.")
+    floor = _trace(bars, "its output's precision floor")
+    assert floor.x[0] == pytest.approx(harmful.floor["sqnr_db"])
+    harmless = [c for c in floor_result.culprits if c.harmless]
+    assert harmless, [c.impact for c in floor_result.culprits]
+    bars = culprit_bars(floor_result)
+    k = floor_result.culprits.index(harmless[0])
+    assert bars.data[0].y[k].endswith("(harmless)") and bars.data[0].marker.color[k] == HARMLESS_COLOR
+    assert "HARMLESS: fixing it gains" in bars.data[0].customdata[k][2]
+    assert "harmless" in bars.layout.title.text
+    for fig in (bars, culprit_bars(clamp_result)):
+        assert_json_finite(fig)

@@ -1,6 +1,12 @@
 """Plots of a comparison: pure functions, a :class:`~workbench.compare.result.CompareResult` (or arrays) in,
 a plotly ``go.Figure`` out. Nothing here runs an engine. Histograms are binned with numpy first, so a figure
-holds bin counts, never the raw tensor."""
+holds bin counts, never the raw tensor.
+
+Every figure is JSON-compliant: no NaN or infinity reaches it (JupyterLab refuses "Out of range float values").
+An exact match (SQNR +inf dB) is drawn at :data:`SQNR_EXACT_DB`; a tensor whose metric is inf/NaN is drawn as a
+marker at a cap just past the worst finite value, with the real value in its hover text; a missing value is a
+``None`` gap.
+"""
 
 from __future__ import annotations
 
@@ -10,106 +16,262 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from ..compare.metrics import HIGHER_IS_BETTER
+from ..compare.floor import FLOOR_MARGIN_DB
+from ..core.metric_info import HIGHER_IS_BETTER, LOG_METRICS, METRIC_INFO, unit_of
 
 #: where an exact match (SQNR = inf dB) is drawn
 SQNR_EXACT_DB = 200.0
-#: metrics that are positive errors: a log axis suits them
-_LOG_METRICS = {"max_abs", "mean_abs", "max_rel", "norm_max_abs", "norm_mean_abs"}
 OK_COLOR, BAD_COLOR, FIRST_COLOR, REF_COLOR, CAND_COLOR = "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd"
+DIP_COLOR, FLOOR_COLOR, AT_FLOOR_COLOR, OUTPUT_COLOR, HARMLESS_COLOR = ("#ff9896", "#7f7f7f", "#17becf", "#222222",
+                                                                       "#c7c7c7")
+#: the floor band's fill: errors inside it are within FLOOR_MARGIN_DB of what holding the values costs
+FLOOR_FILL = "rgba(127,127,127,0.18)"
 
 
 def _metric(result, metric: str | None) -> str:
     return metric or result.criterion.metric
 
 
-def _shown(value: Any, metric: str) -> float:
-    """A plottable float: None/NaN -> NaN (a gap), +inf SQNR -> SQNR_EXACT_DB, other infinities -> NaN."""
-    if value is None or isinstance(value, str):
-        return math.nan
-    v = float(value)
+def _value(value: Any) -> float | None:
+    """A metric value as a float (inf/NaN kept), None when missing or not a number."""
+    if value is None or isinstance(value, (str, bool)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shown(value: Any, metric: str) -> float | None:
+    """A plottable finite float, or None: +inf SQNR -> SQNR_EXACT_DB; other inf/NaN and missing -> None."""
+    v = _value(value)
+    if v is None or math.isnan(v):
+        return None
     if math.isinf(v):
-        if metric == "sqnr_db":
-            return SQNR_EXACT_DB if v > 0 else -SQNR_EXACT_DB
-        return math.nan
+        return SQNR_EXACT_DB if metric == "sqnr_db" and v > 0 else None
     return v
 
 
+def _unit(metric: str) -> str:
+    u = unit_of(metric)
+    return f" {u}" if u else ""
+
+
+def _axis_title(metric: str) -> str:
+    info = METRIC_INFO.get(metric)
+    if info is None:
+        return metric
+    return f"{metric} ({info.label}" + (f", {info.unit})" if info.unit else ")")
+
+
 def _label(value: Any, metric: str) -> str:
-    if value is None:
+    v = _value(value)
+    if v is None:
         return "-"
-    v = float(value)
     if math.isinf(v) and metric == "sqnr_db" and v > 0:
         return "exact (inf dB)"
-    return f"{v:.4g}" + (" dB" if metric == "sqnr_db" else "")
+    if not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return f"{v:.4g}" + _unit(metric)
 
 
 def _threshold(result, metric: str) -> float | None:
     return result.criterion.threshold if result.criterion.metric == metric else None
 
 
-def _log_axis(metric: str, values: list[float]) -> bool:
-    finite = [v for v in values if math.isfinite(v)]
-    return metric in _LOG_METRICS and bool(finite) and min(finite) > 0
+def _log_axis(metric: str, values: list[float | None]) -> bool:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return metric in LOG_METRICS and bool(finite) and min(finite) > 0
+
+
+def _bad_cap(metric: str, values: list[float | None], threshold: float | None, log: bool) -> float:
+    """Where a non-finite metric is drawn: a little worse than the worst finite value (and the tolerance)."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v != SQNR_EXACT_DB]
+    if threshold is not None:
+        finite.append(threshold)
+    if not finite:
+        return 0.0
+    lo, hi = min(finite), max(finite)
+    if metric in HIGHER_IS_BETTER:
+        pad = max(0.15 * (hi - lo), 10.0 if metric == "sqnr_db" else 0.05 * max(abs(lo), 1e-3))
+        return lo - pad
+    if log and hi > 0:
+        return hi * 10.0
+    return hi + max(0.15 * (hi - lo), 0.1 * abs(hi), 1e-6)
+
+
+def _plotted(value: Any, metric: str, cap: float, log: bool) -> tuple[float | None, bool]:
+    """(y, capped): the value as drawn. inf/NaN (and -inf dB) go to ``cap``; +inf dB to SQNR_EXACT_DB."""
+    v = _value(value)
+    if v is None or not math.isfinite(v):
+        if v is not None and math.isinf(v) and v > 0 and metric == "sqnr_db":
+            return SQNR_EXACT_DB, False
+        return cap, True
+    if log and v <= 0:
+        return None, False  # an exact 0 on a log axis: left out (the hover of other points still reads)
+    return v, False
+
+
+def _floor_edge(metric: str, floor: float) -> float | None:
+    """The far edge of the floor band: an error FLOOR_MARGIN_DB (noise power) worse than ``floor``."""
+    if not math.isfinite(floor):
+        return None
+    if metric == "sqnr_db":
+        return floor - FLOOR_MARGIN_DB
+    if metric == "cosine":
+        return 1.0 - (1.0 - floor) * 10 ** (FLOOR_MARGIN_DB / 10)
+    return floor * 10 ** (FLOOR_MARGIN_DB / 20)
+
+
+def _state(result, t) -> str:
+    outputs = set(result.outputs)
+    if t.diverged:
+        text = "DIVERGED" if result.diverged else "internal dip (under the criterion; the outputs pass)"
+    elif t.at_floor:
+        fmt = str((t.floor or {}).get("format", "")).upper()
+        text = f"at its {fmt} floor (the format cannot hold the values; not diverged)"
+    else:
+        text = "ok"
+    return text + (" · graph output" if t.tensor in outputs else "")
+
+
+def _precision_text(result) -> str:
+    prec = getattr(result, "precision", None) or {}
+    ref, cand = (prec.get(s, {}).get("precision") for s in ("reference", "candidate"))
+    return f" ({ref} vs {cand})" if ref and cand else ""
 
 
 def layer_error_curve(result, metric: str | None = None) -> go.Figure:
-    """``metric`` per compared tensor over the reference's topological order; the criterion's tolerance as a
-    line, diverged tensors in red, the first divergent one marked."""
+    """``metric`` per compared tensor over the reference's topological order, with:
+
+    - the precision floor per format (the error of the reference merely held in the candidate's FP16/BF16/INT8
+      format) as a line and a shaded band ``FLOOR_MARGIN_DB`` deep (errors in it are "at the floor");
+    - the criterion's tolerance as a dashed line;
+    - diverged tensors (red rings), internal dips when the outputs pass (pink rings), tensors at their floor
+      (cyan diamonds), graph outputs (black squares), inf/NaN mismatches (x), and the first divergent tensor
+      (star) only when the run diverged;
+    - inf/NaN metric values drawn at a cap just past the worst finite value (hover says so), never as gaps.
+    """
     m = _metric(result, metric)
     tensors = sorted(result.tensors, key=lambda t: t.topo_index)
+    threshold = _threshold(result, m)
+    raw = [_shown(t.metrics.get(m), m) for t in tensors]
+    log = _log_axis(m, raw)
+    cap = _bad_cap(m, raw + [_shown((t.floor or {}).get(m), m) for t in tensors], threshold, log)
+    drawn = [_plotted(t.metrics.get(m), m, cap, log) for t in tensors]
     x = [t.topo_index for t in tensors]
-    y = [_shown(t.metrics.get(m), m) for t in tensors]
-    custom = [[t.tensor, t.node, t.op_type, _label(t.metrics.get(m), m), t.metrics.get("nonfinite_mismatch") or 0]
-              for t in tensors]
+    y = [d[0] for d in drawn]
+    capped = [d[1] for d in drawn]
+    custom = []
+    for t, is_capped in zip(tensors, capped):
+        floor = t.floor or {}
+        value = _label(t.metrics.get(m), m) + (" (drawn at the cap)" if is_capped else "")
+        floor_text = f"{str(floor.get('format', '')).upper()} floor {_label(floor.get(m), m)}" if t.floor else \
+            "no floor (held in float32 or wider)"
+        custom.append([t.tensor, t.node, t.op_type, value, t.metrics.get("nonfinite_mismatch") or 0, floor_text,
+                       _state(result, t)])
     hover = ("#%{x} %{customdata[1]} (%{customdata[2]})<br>tensor %{customdata[0]}<br>" + m
-             + " %{customdata[3]}<br>non-finite mismatches %{customdata[4]}<extra></extra>")
+             + " %{customdata[3]}<br>%{customdata[5]}<br>non-finite mismatches %{customdata[4]}"
+               "<br>%{customdata[6]}<extra></extra>")
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=m, customdata=custom, hovertemplate=hover,
                              line={"color": OK_COLOR, "width": 1.5}, marker={"size": 6, "color": OK_COLOR}))
+    _add_floor_band(fig, tensors, m, x, custom, log)
+
+    def marks(indices: list[int], name: str, marker: dict) -> None:
+        if indices:
+            fig.add_trace(go.Scatter(x=[x[i] for i in indices], y=[y[i] for i in indices], mode="markers", name=name,
+                                     customdata=[custom[i] for i in indices], hovertemplate=hover, marker=marker))
+
     bad = [i for i, t in enumerate(tensors) if t.diverged]
-    if bad:
-        fig.add_trace(go.Scatter(x=[x[i] for i in bad], y=[y[i] for i in bad], mode="markers", name="diverged",
-                                 customdata=[custom[i] for i in bad], hovertemplate=hover,
-                                 marker={"size": 9, "color": BAD_COLOR, "symbol": "circle-open", "line": {"width": 2}}))
-    odd = [i for i, t in enumerate(tensors) if (t.metrics.get("nonfinite_mismatch") or 0) > 0]
-    if odd:  # diverged by inf/NaN where the reference is finite, whatever the metric says
-        fig.add_trace(go.Scatter(x=[x[i] for i in odd], y=[y[i] for i in odd], mode="markers",
-                                 name="inf/NaN mismatch", customdata=[custom[i] for i in odd], hovertemplate=hover,
-                                 marker={"size": 8, "color": BAD_COLOR, "symbol": "x"}))
-    threshold = _threshold(result, m)
+    if result.diverged:
+        marks(bad, "diverged", {"size": 9, "color": BAD_COLOR, "symbol": "circle-open", "line": {"width": 2}})
+    else:
+        marks(bad, "internal dip (outputs pass)", {"size": 9, "color": DIP_COLOR, "symbol": "circle-open",
+                                                   "line": {"width": 2}})
+    formats = sorted({str((t.floor or {}).get("format", "")).upper() for t in tensors if t.at_floor})
+    marks([i for i, t in enumerate(tensors) if t.at_floor], f"at its {'/'.join(formats)} floor (not diverged)",
+          {"size": 10, "color": AT_FLOOR_COLOR, "symbol": "diamond-open", "line": {"width": 2}})
+    outputs = set(result.outputs)
+    marks([i for i, t in enumerate(tensors) if t.tensor in outputs], "graph output",
+          {"size": 14, "color": "rgba(0,0,0,0)", "symbol": "square-open", "line": {"width": 2, "color": OUTPUT_COLOR}})
+    # diverged by inf/NaN where the reference is finite, whatever the metric says
+    marks([i for i, t in enumerate(tensors) if (t.metrics.get("nonfinite_mismatch") or 0) > 0], "inf/NaN mismatch",
+          {"size": 8, "color": BAD_COLOR, "symbol": "x"})
     if threshold is not None:
         fig.add_hline(y=threshold, line={"color": BAD_COLOR, "dash": "dash", "width": 1},
                       annotation_text=f"tolerance: {result.criterion.describe()}", annotation_position="top left")
-    first = result.first_divergent
+    first = result.first_divergent  # None unless an output diverged
     if first is not None:
-        fy = _shown(first.metrics.get(m), m)
-        fig.add_trace(go.Scatter(x=[first.topo_index], y=[fy], mode="markers", name="first divergent",
+        i = next(k for k, t in enumerate(tensors) if t.tensor == first.tensor)
+        fig.add_trace(go.Scatter(x=[x[i]], y=[y[i]], mode="markers", name="first divergent",
                                  marker={"size": 16, "color": FIRST_COLOR, "symbol": "star"},
-                                 customdata=[[first.tensor, first.node, first.op_type, _label(first.metrics.get(m), m),
-                                              first.metrics.get("nonfinite_mismatch") or 0]], hovertemplate=hover))
-        fig.add_annotation(x=first.topo_index, y=fy if math.isfinite(fy) else 0, text=f"first divergent: {first.node}",
-                           showarrow=True, arrowhead=2, ax=40, ay=-40)
+                                 customdata=[custom[i]], hovertemplate=hover))
+        fig.add_annotation(x=x[i], y=math.log10(y[i]) if log and y[i] else (y[i] if y[i] is not None else 0),
+                           text=f"first divergent: {first.node}", showarrow=True, arrowhead=2, ax=40, ay=-40)
+    notes = []
+    if any(capped):
+        notes.append(f"inf/NaN values drawn at {_label(cap, m)}")
     if m == "sqnr_db" and any(v == SQNR_EXACT_DB for v in y):
-        fig.add_annotation(xref="paper", yref="paper", x=1, y=1.08, showarrow=False,
-                           text=f"exact matches drawn at {SQNR_EXACT_DB:g} dB")
-    fig.update_layout(title=f"{m} per layer: {result.reference} (reference) vs {result.candidate} (candidate)",
-                      xaxis_title="topological index", yaxis_title=m + (" (dB)" if m == "sqnr_db" else ""),
+        notes.append(f"exact matches drawn at {SQNR_EXACT_DB:g} dB")
+    if notes:
+        fig.add_annotation(xref="paper", yref="paper", x=1, y=1.08, showarrow=False, text="; ".join(notes))
+    verdict = "DIVERGED" if result.diverged else "ok"
+    fig.update_layout(title=f"{m} per layer: {result.reference} (reference) vs {result.candidate} (candidate)"
+                            f"{_precision_text(result)}: {verdict}",
+                      xaxis_title="topological index", yaxis_title=_axis_title(m),
                       hovermode="closest", template="plotly_white", legend={"orientation": "h", "y": -0.2})
-    if _log_axis(m, y):
+    if log:
         fig.update_yaxes(type="log")
     return fig
 
 
+def _add_floor_band(fig: go.Figure, tensors: list, m: str, x: list, custom: list, log: bool) -> None:
+    """One floor line per number format, shaded down (worse) by FLOOR_MARGIN_DB: the at-the-floor zone."""
+    formats: list[str] = []
+    for t in tensors:
+        name = (t.floor or {}).get("format")
+        if name and name not in formats:
+            formats.append(name)
+    for name in formats:
+        floor_y, edge_y = [], []
+        for t in tensors:
+            f = _shown((t.floor or {}).get(m), m) if (t.floor or {}).get("format") == name else None
+            if f is not None and log and f <= 0:
+                f = None
+            edge = None if f is None else _floor_edge(m, f)
+            if edge is not None and log and edge <= 0:
+                edge = None
+            floor_y.append(f)
+            edge_y.append(edge if f is not None else None)
+        if all(v is None for v in floor_y):
+            continue
+        label = name.upper()
+        fig.add_trace(go.Scatter(x=x, y=edge_y, mode="lines", line={"width": 0, "color": FLOOR_COLOR},
+                                 hoverinfo="skip", showlegend=False, legendgroup=f"floor-{name}",
+                                 name=f"{label} floor band edge"))
+        fig.add_trace(go.Scatter(
+            x=x, y=floor_y, mode="lines", name=f"{label} floor (reference held in {label})", fill="tonexty",
+            fillcolor=FLOOR_FILL, legendgroup=f"floor-{name}", line={"color": FLOOR_COLOR, "width": 1, "dash": "dot"},
+            customdata=custom, hovertemplate="#%{x} %{customdata[1]}<br>" + f"{label} floor: {m} " + "%{y:.4g}"
+            + _unit(m) + f"<br>(shaded: within {FLOOR_MARGIN_DB:g} dB of the floor)<extra></extra>"))
+
+
 def metric_histogram(result, metric: str | None = None, bins: int = 40) -> go.Figure:
-    """Distribution of the per-tensor ``metric`` (ok and diverged stacked), with the tolerance marked."""
+    """Distribution of the per-tensor ``metric`` (within tolerance, at the floor and diverged stacked), with the
+    tolerance marked. Tensors whose metric is inf/NaN cannot be binned: the title counts them."""
     m = _metric(result, metric)
-    values = {False: [], True: []}
+    groups = (("ok", OK_COLOR, "within tolerance"), ("floor", AT_FLOOR_COLOR, "at its floor (not diverged)"),
+              ("bad", BAD_COLOR, "diverged" if result.diverged else "internal dip (outputs pass)"))
+    values: dict[str, list[float]] = {key: [] for key, _, _ in groups}
+    unbinned = 0
     for t in result.tensors:
         v = _shown(t.metrics.get(m), m)
-        if math.isfinite(v):
-            values[t.diverged].append(v)
-    every = values[False] + values[True]
+        if v is None:
+            unbinned += 1
+            continue
+        values["bad" if t.diverged else "floor" if t.at_floor else "ok"].append(v)
+    every = [v for key in values for v in values[key]]
     log = _log_axis(m, every)
     fig = go.Figure()
     if every:
@@ -117,40 +279,92 @@ def metric_histogram(result, metric: str | None = None, bins: int = 40) -> go.Fi
         edges = np.histogram_bin_edges(data, bins=min(bins, max(1, len(every))))
         centers = (edges[:-1] + edges[1:]) / 2
         width = float(edges[1] - edges[0]) if len(edges) > 1 else 1.0
-        for diverged, color, name in ((False, OK_COLOR, "within tolerance"), (True, BAD_COLOR, "diverged")):
-            if not values[diverged]:
+        for key, color, name in groups:
+            if not values[key]:
                 continue
-            d = np.log10(values[diverged]) if log else np.asarray(values[diverged])
+            d = np.log10(values[key]) if log else np.asarray(values[key])
             counts, _ = np.histogram(d, bins=edges)
             xs = 10 ** centers if log else centers
-            fig.add_trace(go.Bar(x=xs, y=counts, name=name, marker_color=color,
+            fig.add_trace(go.Bar(x=xs.tolist(), y=counts.tolist(), name=name, marker_color=color,
                                  width=None if log else width * 0.95))
     threshold = _threshold(result, m)
     if threshold is not None:
         fig.add_vline(x=threshold, line={"color": BAD_COLOR, "dash": "dash"}, annotation_text="tolerance")
-    fig.update_layout(title=f"distribution of per-tensor {m} ({len(result.tensors)} tensors)", barmode="stack",
-                      xaxis_title=m, yaxis_title="tensors", template="plotly_white")
+    left_out = f"; {unbinned} with an inf/NaN {m} not binned" if unbinned else ""
+    fig.update_layout(title=f"distribution of per-tensor {m} ({len(result.tensors)} tensors{left_out})",
+                      barmode="stack", xaxis_title=_axis_title(m),
+                      yaxis_title="tensors", template="plotly_white")
     if log:
         fig.update_xaxes(type="log")
     return fig
 
 
+def _gain_text(c) -> str:
+    """What fixing culprit ``c`` does to the outputs, as measured (see :attr:`Culprit.impact`)."""
+    impact = c.impact
+    if not impact:
+        return "impact not measured"
+    best = _label(impact.get("best_gain_db"), "sqnr_db")
+    per = ", ".join(f"{o} {_label(g, 'sqnr_db')}" for o, g in (impact.get("gain") or {}).items())
+    fixed = impact.get("nonfinite_fixed") or 0
+    text = (f"HARMLESS: fixing it gains {best} at most on the outputs" if impact.get("harmless")
+            else f"fixing it gains {best} on the outputs") + (f" ({per})" if per else "")
+    if fixed:
+        text += f"; removes {fixed} inf/NaN"
+    if impact.get("note"):
+        text += f"<br>{impact['note']}"
+    return text
+
+
 def culprit_bars(result, metric: str | None = None) -> go.Figure:
-    """Per culprit (worst first): the error it introduces alone vs the error its inputs already carried."""
+    """Per culprit (harmful first, harmless last): the error it introduces alone vs the error its inputs already
+    carried, its output's precision floor (a tick), and in the hover what fixing it gains on the outputs.
+    Harmless culprits (fixing them gains almost nothing) are labelled "(harmless)" and drawn pale."""
     m = _metric(result, metric)
     culprits = list(result.culprits)
-    names = [f"{i}. {c.node} ({c.op_type})" for i, c in enumerate(culprits, 1)]
+    names = [f"{i}. {c.node} ({c.op_type})" + (" (harmless)" if c.harmless else "")
+             for i, c in enumerate(culprits, 1)]
+    every = [_shown(getattr(c, key).get(m), m) for c in culprits for key in ("introduced", "received")]
+    cap = _bad_cap(m, every, _threshold(result, m), False)
+    gains = [_gain_text(c) for c in culprits]
+    floors = [(f"{str(c.floor.get('format', '')).upper()} floor {_label(c.floor.get(m), m)}" if c.floor else
+               "no floor (float32 or wider)")
+              + (f"; the error beyond it: {_label(c.beyond_floor, m)}" if c.beyond_floor is not None else "")
+              for c in culprits]
     fig = go.Figure()
-    for key, color, label in (("introduced", BAD_COLOR, "introduced (node alone, reference inputs)"),
-                              ("received", OK_COLOR, "received (worst input)")):
-        vals = [_shown(getattr(c, key).get(m), m) for c in culprits]
-        text = [_label(getattr(c, key).get(m), m) for c in culprits]
-        fig.add_trace(go.Bar(y=names, x=vals, orientation="h", name=label, marker_color=color, text=text,
-                             textposition="auto", hovertemplate="%{y}<br>" + label + ": %{text}<extra></extra>"))
+    for key, label in (("introduced", "introduced (node alone, reference inputs)"),
+                       ("received", "received (worst input)")):
+        drawn = [_plotted(getattr(c, key).get(m), m, cap, False) for c in culprits]
+        vals = [d[0] for d in drawn]
+        text = [_label(getattr(c, key).get(m), m) + (" (at the cap)" if d[1] else "") for c, d in zip(culprits, drawn)]
+        if key == "introduced":
+            colors = [HARMLESS_COLOR if c.harmless else BAD_COLOR for c in culprits]
+        else:
+            colors = [OK_COLOR] * len(culprits)
+        custom = [[t, f, g, c.introduced.get("nonfinite_mismatch") or 0]
+                  for t, f, g, c in zip(text, floors, gains, culprits)]
+        fig.add_trace(go.Bar(y=names, x=vals, orientation="h", name=label, marker_color=colors, text=text,
+                             textposition="auto", customdata=custom,
+                             hovertemplate="%{y}<br>" + label + ": %{customdata[0]}<br>%{customdata[1]}"
+                             "<br>non-finite introduced: %{customdata[3]}<br>%{customdata[2]}<extra></extra>"))
+    floor_x = [_shown((c.floor or {}).get(m), m) for c in culprits]
+    if any(v is not None for v in floor_x):
+        fig.add_trace(go.Scatter(y=names, x=floor_x, mode="markers", name="its output's precision floor",
+                                 marker={"symbol": "line-ns-open", "size": 22, "color": FLOOR_COLOR,
+                                         "line": {"width": 3, "color": FLOOR_COLOR}},
+                                 customdata=[[f, g] for f, g in zip(floors, gains)],
+                                 hovertemplate="%{y}<br>%{customdata[0]}<br>%{customdata[1]}<extra></extra>"))
+    threshold = _threshold(result, m)
+    if threshold is not None:
+        fig.add_vline(x=threshold, line={"color": BAD_COLOR, "dash": "dash", "width": 1},
+                      annotation_text="tolerance")
     better = "higher is better" if m in HIGHER_IS_BETTER else "lower is better"
-    fig.update_layout(title=f"culprits: {m} each node introduces vs receives ({better})", barmode="group",
-                      xaxis_title=m, template="plotly_white", yaxis={"autorange": "reversed"},
-                      height=max(300, 120 + 60 * len(culprits)), legend={"orientation": "h", "y": -0.25})
+    harmless = sum(c.harmless for c in culprits)
+    fig.update_layout(title=f"culprits: {m} each node introduces vs receives ({better}); harmful first"
+                            + (f", {harmless} harmless" if harmless else ""), barmode="group",
+                      xaxis_title=_axis_title(m), template="plotly_white",
+                      yaxis={"autorange": "reversed"}, height=max(300, 120 + 60 * len(culprits)),
+                      legend={"orientation": "h", "y": -0.25})
     return fig
 
 

@@ -1,5 +1,10 @@
-"""What changed between two comparisons (before/after a fix, two runtime versions): per-tensor metric
-changes, first divergent layer, culprits, verdict and versions."""
+"""What changed between two comparisons (before/after a fix, two runtime versions): the output-led verdict and
+its reason, the graph outputs, internal dips, per-tensor metric changes (and floors), first divergent layer,
+culprits, inferred precisions and versions.
+
+Results JSON written before precision-aware verdicts (no "precision", "verdict" or "floor" keys) load and diff
+too: their verdict is re-judged from their graph outputs, and what they do not record is simply absent.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..compare.metrics import encode_float, encode_metrics
 from ..compare.result import CompareResult
+from ..core.floats import decode_float, encode_float, encode_metrics
 from .env import diff_versions
 
 SCHEMA = "workbench.diff/1"
@@ -65,6 +70,10 @@ class TensorChange:
     after: dict
     diverged_before: bool
     diverged_after: bool
+    at_floor_before: bool = False
+    at_floor_after: bool = False
+    floor_before: dict | None = None
+    floor_after: dict | None = None
 
     def change(self, metric: str) -> float | None:
         return delta(self.before.get(metric), self.after.get(metric))
@@ -74,6 +83,9 @@ class TensorChange:
                 "metric": metric, "before": encode_float(self.before.get(metric)),
                 "after": encode_float(self.after.get(metric)), "change": encode_float(self.change(metric)),
                 "diverged_before": self.diverged_before, "diverged_after": self.diverged_after,
+                "at_floor_before": self.at_floor_before, "at_floor_after": self.at_floor_after,
+                "floor_before": encode_float((self.floor_before or {}).get(metric)),
+                "floor_after": encode_float((self.floor_after or {}).get(metric)),
                 "metrics_before": encode_metrics(self.before), "metrics_after": encode_metrics(self.after)}
 
 
@@ -85,7 +97,26 @@ def _first(r: CompareResult) -> dict | None:
 
 def _culprits(r: CompareResult, metric: str) -> list[dict]:
     return [{"node": c.node, "op_type": c.op_type, "introduces_divergence": c.introduces_divergence,
+             "harmless": c.harmless, "best_gain_db": encode_float((c.impact or {}).get("best_gain_db")),
              metric: encode_float(c.introduced.get(metric))} for c in r.culprits]
+
+
+def _harmful(r: CompareResult) -> list[str]:
+    """Culprits that introduce divergence and are not measured harmless, in rank order."""
+    return [c.node for c in r.culprits if c.introduces_divergence and not c.harmless]
+
+
+def _dips(r: CompareResult) -> list[str]:
+    return [t.tensor for t in r.internal_dips]
+
+
+def _state(diverged: bool, at_floor: bool = False) -> str:
+    return "DIVERGED" if diverged else ("ok, at its floor" if at_floor else "ok")
+
+
+def predates_verdicts(r: CompareResult) -> bool:
+    """Written before precision-aware verdicts: no inferred precision and no floor anywhere."""
+    return not r.precision and all(t.floor is None for t in r.tensors)
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -125,15 +156,60 @@ class ResultDiff:
 
     @property
     def verdict_changed(self) -> bool:
+        """The output-led verdict (``CompareResult.diverged``) differs."""
         return self.before.diverged != self.after.diverged
 
     @property
+    def failed_changed(self) -> bool:
+        """What the exit code follows (the verdict, plus internal dips under ``fail_on_internal_dips``) differs."""
+        return self.before.failed != self.after.failed
+
+    @property
+    def internal_dips(self) -> dict[str, list[str]]:
+        """Internal dips (internal tensors under the criterion while the outputs pass) on each side, and which
+        appeared or went away."""
+        a, b = _dips(self.before), _dips(self.after)
+        return {"before": a, "after": b, "new": [t for t in b if t not in set(a)],
+                "gone": [t for t in a if t not in set(b)]}
+
+    @property
+    def internal_dips_changed(self) -> bool:
+        dips = self.internal_dips
+        return bool(dips["new"] or dips["gone"])
+
+    def outputs(self) -> list[dict]:
+        """Each graph output compared in both: the metric and state before and after."""
+        m = self.metric
+        after = {t.tensor: t for t in self.after.output_results}
+        rows = []
+        for t in self.before.output_results:
+            u = after.get(t.tensor)
+            if u is None:
+                continue
+            rows.append({"tensor": t.tensor, "before": encode_float(t.metrics.get(m)),
+                         "after": encode_float(u.metrics.get(m)),
+                         "change": encode_float(delta(t.metrics.get(m), u.metrics.get(m))),
+                         "state_before": _state(t.diverged, t.at_floor), "state_after": _state(u.diverged, u.at_floor),
+                         "changed": (t.diverged, t.at_floor) != (u.diverged, u.at_floor)})
+        return rows
+
+    @property
     def top_culprit_changed(self) -> bool:
+        """The top harmful culprit (introduces divergence, not measured harmless) differs."""
         def top(r):
-            flagged = [c.node for c in r.culprits if c.introduces_divergence]
+            flagged = _harmful(r)
             return flagged[0] if flagged else None
 
         return top(self.before) != top(self.after)
+
+    @property
+    def notes(self) -> list[str]:
+        out = []
+        for label, r in zip(self.labels, (self.before, self.after)):
+            if predates_verdicts(r):
+                out.append(f"{label} was written before precision-aware verdicts (no inferred precision or floors "
+                           "recorded): its verdict is re-judged from its graph outputs")
+        return out
 
     @property
     def versions(self) -> dict[str, list]:
@@ -151,12 +227,18 @@ class ResultDiff:
         sha_a, sha_b = self.before.model.get("sha256"), self.after.model.get("sha256")
         if sha_a != sha_b:
             out["model_sha256"] = [sha_a, sha_b]
+        for side in ("reference", "candidate"):  # only when both record it (older results do not)
+            a = ((self.before.precision or {}).get(side) or {}).get("precision")
+            b = ((self.after.precision or {}).get(side) or {}).get("precision")
+            if a and b and a != b:
+                out[f"{side}_precision"] = [a, b]
         return out
 
     def largest(self, n: int = 10, metric: str | None = None) -> list[TensorChange]:
         """Tensors whose ``metric`` changed most (infinite or NaN changes first), ties in topological order."""
         m = metric or self.metric
-        moved = [t for t in self.tensors if (t.change(m) or 0.0) != 0.0 or t.diverged_before != t.diverged_after]
+        moved = [t for t in self.tensors if (t.change(m) or 0.0) != 0.0 or t.diverged_before != t.diverged_after
+                 or t.at_floor_before != t.at_floor_after]
         moved.sort(key=lambda t: (-_size(t.change(m)), t.topo_index))
         return moved[:n]
 
@@ -188,6 +270,11 @@ class ResultDiff:
             "same_conclusion": self.same_conclusion,
             "metrics_match": self.metrics_match(),
             "verdict": {"before": self.before.diverged, "after": self.after.diverged, "changed": self.verdict_changed},
+            "verdict_reason": {"before": self.before.verdict()["reason"], "after": self.after.verdict()["reason"]},
+            "failed": {"before": self.before.failed, "after": self.after.failed, "changed": self.failed_changed},
+            "outputs": self.outputs(),
+            "internal_dips": {**self.internal_dips, "changed": self.internal_dips_changed},
+            "precision": {"before": self.before.precision or None, "after": self.after.precision or None},
             "first_divergent": {"before": _first(self.before), "after": _first(self.after),
                                 "changed": self.first_divergent_changed},
             "culprits": {"before": _culprits(self.before, self.metric), "after": _culprits(self.after, self.metric),
@@ -198,6 +285,7 @@ class ResultDiff:
             "tensors_only_after": self.only_after,
             "largest_changes": [t.to_json(self.metric) for t in self.largest(top)],
             "tensors": [t.to_json(self.metric) for t in self.tensors],
+            "notes": self.notes,
         }
 
     def render(self, top: int = 10) -> str:
@@ -212,12 +300,25 @@ class ResultDiff:
         verdict = {True: "DIVERGED", False: "ok"}
         lines.append(f"verdict: {verdict[self.before.diverged]} -> {verdict[self.after.diverged]}"
                      + (" (changed)" if self.verdict_changed else " (same)"))
+        lines.append(f"  {a}: {self.before.verdict()['reason']}")
+        lines.append(f"  {b}: {self.after.verdict()['reason']}")
+        if self.failed_changed:
+            lines.append(f"exit status: {'fails' if self.before.failed else 'passes'} -> "
+                         f"{'fails' if self.after.failed else 'passes'}")
+        for o in self.outputs():
+            lines.append(f"output {o['tensor']}: {m} {fmt(decode_float(o['before']), m)} -> "
+                         f"{fmt(decode_float(o['after']), m)} "
+                         f"({o['state_before']} -> {o['state_after']})")
+        dips = self.internal_dips
+        if dips["before"] or dips["after"]:
+            lines.append(f"internal dips: {len(dips['before'])} -> {len(dips['after'])}"
+                         + (f"; new: {', '.join(dips['new'][:5])}" if dips["new"] else "")
+                         + (f"; gone: {', '.join(dips['gone'][:5])}" if dips["gone"] else ""))
         fa, fb = _first(self.before), _first(self.after)
         lines.append(f"first divergent: {fa['tensor'] if fa else 'none'} -> {fb['tensor'] if fb else 'none'}"
                      + (" (changed)" if self.first_divergent_changed else " (same)"))
-        ca = [c.node for c in self.before.culprits if c.introduces_divergence][:3]
-        cb = [c.node for c in self.after.culprits if c.introduces_divergence][:3]
-        lines.append(f"culprits: {', '.join(ca) or 'none'} -> {', '.join(cb) or 'none'}"
+        ca, cb = _harmful(self.before)[:3], _harmful(self.after)[:3]
+        lines.append(f"harmful culprits: {', '.join(ca) or 'none'} -> {', '.join(cb) or 'none'}"
                      + (" (top culprit changed)" if self.top_culprit_changed else ""))
         for key, (x, y) in self.specs_changed.items():
             lines.append(f"{key}: {x} -> {y}")
@@ -235,6 +336,7 @@ class ResultDiff:
                   f"{'yes' if t.diverged_after else 'no'}"] for t in moved])]
         else:
             lines.append(f"per-tensor {m}: no change")
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -256,7 +358,8 @@ def diff_results(before: Any, after: Any, *, metric: str | None = None,
     by_b = {t.tensor: t for t in b.tensors}
     names_a = {t.tensor for t in a.tensors}
     changes = [TensorChange(t.tensor, t.node, t.op_type, t.topo_index, t.metrics, by_b[t.tensor].metrics,
-                            t.diverged, by_b[t.tensor].diverged) for t in a.tensors if t.tensor in by_b]
+                            t.diverged, by_b[t.tensor].diverged, t.at_floor, by_b[t.tensor].at_floor, t.floor,
+                            by_b[t.tensor].floor) for t in a.tensors if t.tensor in by_b]
     return ResultDiff(a, b, m, changes, [t.tensor for t in a.tensors if t.tensor not in by_b],
                       [t.tensor for t in b.tensors if t.tensor not in names_a], labels)
 

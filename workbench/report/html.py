@@ -1,9 +1,11 @@
 """A self-contained HTML report of a comparison: one file, plotly.js inlined, no network access at all (a
 Content-Security-Policy forbids every fetch), readable offline and attachable to a bug report.
 
-Sections: summary (specs, model sha256, versions, criterion, verdict), culprits with explanations, FP16
-clamps, per-layer error curve, metric histograms, selected tensors' value histograms, op inventory, notes,
-every tensor's metrics, and the result JSON itself (``<script id="workbench-result">``).
+Sections: summary (verdict with its reason, each side's inferred precision, specs, model sha256, versions,
+criterion), the graph outputs against their precision floors, internal dips, culprits (harmful first, with the
+error beyond their floor and what fixing each gains on the outputs) with explanations, FP16 clamps, per-layer
+error curve with the floor band, metric histograms, selected tensors' value histograms, op inventory, notes,
+every tensor's metrics and floor, and the result JSON itself (``<script id="workbench-result">``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: left; vertic
 th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: .85rem; }
 .verdict { font-weight: bold; padding: .1rem .5rem; border-radius: 3px; color: #fff; }
-.bad { background: #d62728; } .good { background: #2ca02c; }
+.bad { background: #d62728; } .good { background: #2ca02c; } .floor { background: #17becf; }
+.harmless { background: #9e9e9e; } .dip { background: #ff7f0e; }
+tr.row-bad td { background: #ffebee; } tr.row-floor td { background: #e0f7fa; }
 .plot { margin: 1rem 0; } .muted { color: #777; } details { margin: .5rem 0; }
 """
 
@@ -54,16 +58,17 @@ def _num(value: Any, metric: str = "") -> str:
     return _e(fmt(value, metric))
 
 
-def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] = frozenset(), raw: set[int] = frozenset()
-           ) -> str:
+def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] = frozenset(), raw: set[int] = frozenset(),
+           classes: list[str] | None = None) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = []
-    for row in rows:
+    for k, row in enumerate(rows):
         cells = []
         for i, v in enumerate(row):
             text = v if i in raw else _e(v)
             cells.append(f'<td class="num">{text}</td>' if i in numeric else f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
+        cls = f' class="{classes[k]}"' if classes and classes[k] else ""
+        body.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -103,20 +108,61 @@ def _inspection_json(result: CompareResult, inspection: Any) -> dict | None:
     return inspection if isinstance(inspection, dict) else inspection.to_json()
 
 
+def _floor_cell(floor: dict | None, metric: str) -> str:
+    """Escaped HTML: "FP16 73.2 dB", or "-" for a tensor held in float32 or wider."""
+    if not floor:
+        return "-"
+    return f"{_e(str(floor.get('format', '')).upper())} {_num(floor.get(metric), metric)}"
+
+
+def _state(result: CompareResult, t) -> str:
+    """Escaped HTML badge of a tensor's state."""
+    if t.diverged:
+        if result.diverged:
+            return '<span class="verdict bad">DIVERGED</span>'
+        return '<span class="verdict dip">internal dip</span>'
+    if t.at_floor:
+        return '<span class="verdict floor">at its floor</span>'
+    return "ok"
+
+
+def _precision(result: CompareResult) -> list[tuple[str, str]]:
+    rows = []
+    for side in ("reference", "candidate"):
+        p = (result.precision or {}).get(side)
+        if p:
+            rows.append((f"{side} precision", f"<b>{_e(p.get('precision'))}</b> <span class='muted'>inferred from "
+                                               f"{_e(p.get('precision_source'))}</span>"))
+    if not rows:
+        rows.append(("precision", "<span class='muted'>not recorded (a result written before precision "
+                                  "inference)</span>"))
+    return rows
+
+
 def _summary(result: CompareResult) -> str:
     from .env import package_versions
 
     first = result.first_divergent
     m = result.criterion.metric
-    verdict = ('<span class="verdict bad">DIVERGED</span>' if result.diverged
-               else '<span class="verdict good">OK</span> every compared tensor is within the criterion')
+    reason = result.verdict()["reason"]
+    verdict = (f'<span class="verdict bad">DIVERGED</span> {_e(reason)}' if result.diverged
+               else f'<span class="verdict good">OK</span> {_e(reason)}')
+    dips = result.internal_dips
+    if dips:
+        on_floor = sum(t.at_floor for t in dips)
+        verdict += (f"<br>{len(dips)} internal dip(s): internal tensors under the criterion while the outputs pass"
+                    + (f" ({on_floor} at their format's floor)" if on_floor else "")
+                    + ("; they fail this run (fail_on_internal_dips)" if result.fail_on_internal_dips else
+                       "; not a divergence"))
     if first is not None:
-        verdict += (f" first divergent tensor <code>{_e(first.tensor)}</code> (node <code>{_e(first.node)}</code>, "
-                    f"{_e(first.op_type)}, topological #{first.topo_index}; {_e(m)} {_num(first.metrics.get(m), m)})")
+        verdict += (f"<br>first divergent tensor <code>{_e(first.tensor)}</code> (node <code>{_e(first.node)}</code>, "
+                    f"{_e(first.op_type)}, topological #{first.topo_index}; {_e(m)} {_num(first.metrics.get(m), m)}"
+                    + (f", floor {_floor_cell(first.floor, m)}" if first.floor else "") + ")")
     feeds = result.feeds or {}
     engines = result.engines or {}
     rows = [
         ("verdict", verdict),
+        *_precision(result),
         ("reference", f"<code>{_e(result.reference)}</code><br>{_engine_text(engines.get('reference'))}"),
         ("candidate", f"<code>{_e(result.candidate)}</code><br>{_engine_text(engines.get('candidate'))}"),
         ("model", f"{_e(result.model.get('name'))} ({_e(result.model.get('nodes'))} nodes)"),
@@ -133,17 +179,75 @@ def _summary(result: CompareResult) -> str:
     return _kv(rows)
 
 
+def _outputs(result: CompareResult) -> str:
+    """The graph outputs (what the verdict is about) against their precision floors, and the internal dips."""
+    m = result.criterion.metric
+    outs = result.output_results
+    if not outs:
+        return "<p class='muted'>No graph output was compared: the verdict is judged on every compared tensor.</p>"
+    rows = [[f"<code>{_e(t.tensor)}</code>", _num(t.metrics.get(m), m), _floor_cell(t.floor, m),
+             _num(t.metrics.get("cosine"), "cosine"), _num(t.metrics.get("max_abs"), "max_abs"),
+             t.metrics.get("nonfinite_mismatch") or 0, _state(result, t)] for t in outs]
+    text = ("<p>The verdict is about the graph outputs. The <em>floor</em> is the error of the reference values "
+            "merely held in the candidate's number format: an output failing the criterion only because its format "
+            "cannot hold the values is <em>at its floor</em>, not diverged.</p>"
+            + _table(["output", m, "floor", "cosine", "max_abs", "inf/NaN mismatches", "state"], rows,
+                     numeric={1, 2, 3, 4, 5}, raw={0, 1, 2, 3, 4, 6},
+                     classes=["row-bad" if t.diverged else "row-floor" if t.at_floor else "" for t in outs]))
+    dips = result.internal_dips
+    if dips:
+        rows = [[t.topo_index, f"<code>{_e(t.tensor)}</code>", _e(t.op_type), _num(t.metrics.get(m), m),
+                 _floor_cell(t.floor, m), t.metrics.get("nonfinite_mismatch") or 0, _state(result, t)]
+                for t in dips]
+        text += (f"<h3>Internal dips ({len(dips)})</h3><p>Internal tensors under the criterion while every output "
+                 "passes" + ("; this run fails on them (fail_on_internal_dips)." if result.fail_on_internal_dips
+                             else ": not a divergence.") + "</p>"
+                 + _table(["#", "tensor", "op_type", m, "floor", "inf/NaN mismatches", "state"], rows,
+                          numeric={0, 3, 4, 5}, raw={1, 2, 3, 4, 6}))
+    return text
+
+
+def _impact(c) -> str:
+    """Escaped HTML: what fixing culprit ``c`` gains on the outputs, as measured."""
+    impact = c.impact
+    if not impact:
+        return "<span class='muted'>not measured</span>"
+    best = _num(impact.get("best_gain_db"))
+    per = ", ".join(f"{_e(o)} {_num(g)} dB" for o, g in (impact.get("gain") or {}).items())
+    text = (f"fixing it gains at most {best} dB on the outputs"
+            if impact.get("harmless") else f"fixing it gains {best} dB on the outputs") + (f" ({per})" if per else "")
+    if impact.get("nonfinite_fixed"):
+        text += f"; removes {_e(impact['nonfinite_fixed'])} inf/NaN"
+    if impact.get("note"):
+        text += f"<br><span class='muted'>{_e(impact['note'])}</span>"
+    return text
+
+
 def _culprits(result: CompareResult) -> str:
     m = result.criterion.metric
     if not result.culprits:
         return "<p class='muted'>No culprit ranking (run with culprits on).</p>"
-    rows = [[i, f"<code>{_e(c.node)}</code>", c.op_type, _num(c.introduced.get(m), m), _num(c.received.get(m), m),
-             c.introduced.get("nonfinite_mismatch") or 0, "yes" if c.introduces_divergence else "no", c.explanation]
+
+    def label(c) -> str:
+        if c.harmless:
+            return '<span class="verdict harmless">harmless</span>'
+        if c.introduces_divergence:
+            return '<span class="verdict bad">harmful</span>'
+        return "below the criterion"
+
+    rows = [[i, f"<code>{_e(c.node)}</code>", c.op_type, label(c), _num(c.introduced.get(m), m),
+             _floor_cell(c.floor, m), _num(c.beyond_floor, m), _num(c.received.get(m), m),
+             c.introduced.get("nonfinite_mismatch") or 0, _impact(c), c.explanation]
             for i, c in enumerate(result.culprits, 1)]
     return ("<p>Each node run alone on the candidate with the reference's inputs: the error it "
-            "<em>introduces</em>, against what it <em>received</em>.</p>"
-            + _table(["#", "node", "op_type", f"introduced {m}", f"received {m}", "non-finite", "introduces divergence",
-                      "explanation"], rows, numeric={0, 3, 4, 5}, raw={1, 3, 4}))
+            "<em>introduces</em> (and beyond its output's precision floor), against what it <em>received</em>; "
+            "ranked harmful first, by the error beyond the floor. <em>Impact</em>: what fixing the node (keeping it "
+            "in the reference's precision) gains on the graph outputs; a harmless culprit gains almost nothing.</p>"
+            + _table(["#", "node", "op_type", "verdict", f"introduced {m}", "floor", f"beyond floor ({m})",
+                      f"received {m}", "non-finite", "impact", "explanation"], rows,
+                     numeric={0, 4, 5, 6, 7, 8}, raw={1, 3, 4, 5, 6, 7, 9},
+                     classes=["row-bad" if c.introduces_divergence and not c.harmless else ""
+                              for c in result.culprits]))
 
 
 def _clamps(result: CompareResult) -> str:
@@ -160,11 +264,17 @@ def _clamps(result: CompareResult) -> str:
 def _tensors_table(result: CompareResult) -> str:
     m = result.criterion.metric
     metrics = [m] + [k for k in ("cosine", "max_abs", "norm_max_abs", "nonfinite_mismatch") if k != m]
-    rows = [[t.topo_index, t.tensor, t.op_type, *[_num(t.metrics.get(k), k) for k in metrics],
-             "DIVERGED" if t.diverged else "ok"] for t in sorted(result.tensors, key=lambda t: t.topo_index)]
+    outputs = set(result.outputs)
+    tensors = sorted(result.tensors, key=lambda t: t.topo_index)
+    rows = [[t.topo_index, t.tensor + (" (output)" if t.tensor in outputs else ""), t.op_type,
+             *[_num(t.metrics.get(k), k) for k in metrics], _floor_cell(t.floor, m), _state(result, t)]
+            for t in tensors]
+    n = len(metrics)
     return (f"<details><summary>all {len(rows)} compared tensors</summary>"
-            + _table(["#", "tensor", "op_type", *metrics, "verdict"], rows, numeric={0, 3, 4, 5, 6, 7},
-                     raw={3, 4, 5, 6, 7}) + "</details>")
+            + _table(["#", "tensor", "op_type", *metrics, f"floor ({m})", "state"], rows,
+                     numeric=set(range(3, 4 + n)) | {0}, raw=set(range(3, 5 + n)),
+                     classes=["row-bad" if t.diverged else "row-floor" if t.at_floor else "" for t in tensors])
+            + "</details>")
 
 
 def _inventory(doc: dict | None) -> str:
@@ -191,6 +301,7 @@ def render_report(result: CompareResult, *, inspection: Any = None, tensors: Map
     parts = [
         f"<h1>{_e(title)}</h1>",
         "<h2>Summary</h2>", _summary(result),
+        "<h2>Outputs</h2>", _outputs(result),
         "<h2>Culprits</h2>", _culprits(result), _clamps(result),
         "<h2>Per-layer error</h2>", _figure(plots.layer_error_curve(result, metric)),
         "<h2>Histograms</h2>", _figure(plots.metric_histogram(result, metric)),

@@ -1,5 +1,7 @@
 """Compare panel: pick two engines/precisions, inputs, tolerance and strategy; run compare() on a thread with a
-progress bar and Cancel; show where the runs part ways (first divergent tensor) and why (culprits)."""
+progress bar and Cancel; show the verdict (output-led: ok, or DIVERGED with the reason), the precision each side
+was inferred to compute in, internal dips, where the runs part ways (first divergent tensor) and why (culprits,
+harmful first, with what fixing each gains on the outputs)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,21 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..compare.metrics import HIGHER_IS_BETTER, METRICS
+from ..compare.text import fmt as fmt_metric
+from ..core.metric_info import HIGHER_IS_BETTER, JUDGED, METRIC_INFO
 from .inputs_box import InputsBox
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
 from .style import heading, style_tag
-from .tables import fmt, table_html
+from .tables import table_html
 
 log = logging.getLogger(__name__)
 
 VARIANTS = ("fp32", "fp16", "int8")
 #: a sensible tolerance to start from when the user picks a metric
-DEFAULT_THRESHOLDS = {"sqnr_db": 30.0, "cosine": 0.999, "max_abs": 1e-3, "mean_abs": 1e-3, "max_rel": 1e-2,
-                      "norm_max_abs": 1e-2, "norm_mean_abs": 0.1}
+DEFAULT_THRESHOLDS = {m: info.tolerance for m, info in METRIC_INFO.items()
+                      if info.judged and info.tolerance is not None}
 AUTO_METRIC = "default for the candidate precision"
 
 
@@ -47,8 +50,10 @@ class ComparePanel(widgets.VBox):
         self.cand_variant = widgets.Dropdown(options=VARIANTS, value=cand_variant or "fp32",
                                              layout=widgets.Layout(width="90px"))
         self.engine_note = widgets.HTML()
+        self.precision = widgets.HTML()
+        self._model_precision: tuple[str, Any] | None = None  # (fingerprint, Precision) of the loaded model
         self.inputs = InputsBox()
-        self.metric = widgets.Dropdown(options=[AUTO_METRIC] + [m for m in METRICS if m != "nonfinite_mismatch"],
+        self.metric = widgets.Dropdown(options=[AUTO_METRIC, *JUDGED],
                                        value=AUTO_METRIC, description="metric", layout=widgets.Layout(width="360px"))
         self.threshold = widgets.FloatText(value=30.0, description="tolerance", disabled=True,
                                            layout=widgets.Layout(width="200px"))
@@ -72,9 +77,10 @@ class ComparePanel(widgets.VBox):
             w.observe(self._on_engine, "value")
         self.metric.observe(self._on_metric, "value")
         self.state.observe(lambda ch: self.show_result(ch["new"]), "result")
+        self.state.observe(lambda _: self._on_engine(), "model")
         pickers = widgets.VBox([
             widgets.HBox([self.ref_engine, self.ref_variant]), widgets.HBox([self.cand_engine, self.cand_variant]),
-            self.engine_note])
+            self.engine_note, self.precision])
         super().__init__([
             style_tag(), heading("Engines and precisions"), pickers, heading("Inputs"), self.inputs,
             heading("Divergence criterion"), widgets.HBox([self.metric, self.threshold]), self.tolerance_note,
@@ -116,17 +122,60 @@ class ComparePanel(widgets.VBox):
         self.engine_note.value = "".join(message_html(p, "error") for p in problems) + \
             "".join(message_html(h, "info") for h in hints)
         self.run_button.disabled = bool(problems)
+        self.precision.value = _precision_html(self.expected_precision(), "expected")
         if self.metric.value == AUTO_METRIC:
             self._on_metric()
 
-    def _on_metric(self, _change: Any = None) -> None:
-        from ..compare.criterion import Criterion
+    def expected_precision(self) -> dict:
+        """``{"reference"|"candidate": Precision}``: what each side will compute in, as the comparison infers it
+        from the model it runs: the loaded file's own precision (read from it) for "fp32" (the model as loaded),
+        the variant's for "fp16"/"int8". Empty for a side with no model loaded yet."""
+        from ..model.precision import Precision
 
+        out = {}
+        for side, variant in (("reference", self.ref_variant.value), ("candidate", self.cand_variant.value)):
+            if variant != "fp32":
+                out[side] = Precision(variant, f"the {variant} variant the workbench makes of the model")
+            else:
+                loaded = self._loaded_precision()
+                if loaded is not None:
+                    out[side] = loaded
+        return out
+
+    def _loaded_precision(self):
+        from ..model.precision import infer_precision
+
+        model = self.state.model
+        if model is None:
+            return None
+        if self._model_precision is None or self._model_precision[0] != model.fingerprint:
+            try:
+                self._model_precision = (model.fingerprint, infer_precision(model.proto))
+            except Exception as e:  # noqa: BLE001 - a hint only: the comparison infers it again
+                log.info("precision of the loaded model not inferred: %s", e)
+                return None
+        return self._model_precision[1]
+
+    def auto_criterion(self):
+        """The criterion "auto" stands for: the default of the lossier side's expected precision family (what
+        compare() picks from the precisions it infers)."""
+        from ..compare.criterion import Criterion
+        from ..model.precision import lossier
+
+        prec = self.expected_precision()
+        if len(prec) == 2:
+            return Criterion.default_for(lossier(prec["reference"], prec["candidate"]).family)
+        return Criterion.default_for(prec["candidate"].family if "candidate" in prec else self.cand_variant.value)
+
+    def _on_metric(self, _change: Any = None) -> None:
         if self.metric.value == AUTO_METRIC:
-            crit = Criterion.default_for(self.cand_variant.value)
+            crit = self.auto_criterion()
+            cand = self.expected_precision().get("candidate")
             self.threshold.disabled = True
             self.threshold.value = crit.threshold
-            self.tolerance_note.value = message_html(f"diverged when {crit.describe()}", "info")
+            why = f" (the candidate computes in {cand.precision}: {cand.source})" if cand is not None else ""
+            self.tolerance_note.value = message_html(f"diverged when {crit.describe()}{why}; each run infers the "
+                                                     "precision from the model it runs", "info")
         else:
             self.threshold.disabled = False
             self.threshold.value = DEFAULT_THRESHOLDS.get(self.metric.value, self.threshold.value)
@@ -178,50 +227,44 @@ class ComparePanel(widgets.VBox):
 
     # --- results ---------------------------------------------------------------------------------------------
     def show_result(self, result: Any) -> None:
-        """Summary, culprits (each a button that selects it everywhere) and the per-tensor table."""
+        """Verdict, precisions, outputs, internal dips, culprits (each a button that selects it everywhere) and
+        the per-tensor table."""
         if result is None:
             self.summary.value, self.tensors.value = "", ""
             self.culprit_rows.children = ()
             self.save_button.disabled = True
             return
         self.save_button.disabled = False
-        crit = result.criterion
-        first = result.first_divergent
-        bad = sum(t.diverged for t in result.tensors)
-        lines = [f"<b>{html.escape(result.candidate)}</b> against <b>{html.escape(result.reference)}</b>, "
-                 f"{len(result.tensors)} tensors compared ({html.escape(result.mode)}), criterion: "
-                 f"{html.escape(crit.describe())}, {result.timing.get('total_s', 0):.2f} s"]
-        if first is None:
-            lines.append(message_html("no tensor diverged: the two runs agree within the tolerance", "ok"))
-        else:
-            value = fmt(first.metrics.get(crit.metric))
-            lines.append(message_html(
-                f"first divergent: {first.node} ({first.op_type}, #{first.topo_index}), {crit.metric} {value}; "
-                f"{bad} of {len(result.tensors)} tensors diverged", "error"))
-        for note in result.notes:
-            lines.append(message_html(note, "info"))
-        self.summary.value = "".join(lines)
+        if self.metric.value == AUTO_METRIC:  # what "auto" became for this run's inferred precisions
+            self.threshold.value = result.criterion.threshold
+            self.tolerance_note.value = message_html(f"this run: diverged when {result.criterion.describe()} "
+                                                     "(the default for the inferred precisions)", "info")
+        self.summary.value = verdict_html(result)
+        m = result.criterion.metric
         rows = []
         for k, c in enumerate(result.culprits, 1):
+            harmful = c.introduces_divergence and not c.harmless
             button = widgets.Button(description=f"#{k} {c.node}", tooltip=f"show {c.node} in Errors and Graph",
-                                    icon="search", button_style="danger" if c.introduces_divergence else "",
+                                    icon="search", button_style="danger" if harmful else "",
                                     layout=widgets.Layout(width="auto", max_width="520px"))
             button.on_click(lambda _b, node=c.node: self.show_culprit(node))
-            introduced = fmt(c.introduced.get(crit.metric))
-            received = fmt(c.received.get(crit.metric))
-            text = (f"{html.escape(c.op_type)} · introduces {html.escape(crit.metric)} {introduced}, receives "
-                    f"{received}<br>{html.escape(c.explanation)}")
-            rows.append(widgets.VBox([button, widgets.HTML(f'<div class="wb-culprit">{text}</div>')]))
-        title = "Culprits: nodes ranked by the error they introduce (run alone on the candidate with reference inputs)"
+            rows.append(widgets.VBox([button, widgets.HTML(f'<div class="wb-culprit">{culprit_html(c, m)}</div>')]))
+        title = ("Culprits: nodes ranked by the error they introduce beyond their precision floor (run alone on the "
+                 "candidate with reference inputs); harmful first, harmless last")
         self.culprit_rows.children = [widgets.HTML(f'<div class="wb-h">{html.escape(title)}</div>')] + rows \
             if rows else [widgets.HTML(message_html("no culprit ranking (isolation did not run)", "warn"))]
-        shown = sorted(result.tensors, key=lambda t: (not t.diverged, t.topo_index))[:200]
-        self.tensors.value = "<details><summary>Every compared tensor (diverged first)</summary>" + table_html(
-            ["#", "tensor", "node", "op", crit.metric, "nonfinite", "diverged"],
-            [(t.topo_index, t.tensor, t.node, t.op_type, t.metrics.get(crit.metric),
-              t.metrics.get("nonfinite_mismatch"), t.diverged) for t in shown],
-            classes=["first" if first is not None and t.tensor == first.tensor else "bad" if t.diverged else ""
-                     for t in shown]) + "</details>"
+        first = result.first_divergent
+        outputs = set(result.outputs)
+        shown = sorted(result.tensors, key=lambda t: (not t.diverged, not t.at_floor, t.topo_index))[:200]
+        self.tensors.value = ("<details><summary>Every compared tensor (diverged first, then at their floor)"
+                              "</summary>" + table_html(
+                                  ["#", "tensor", "node", "op", m, "floor", "nonfinite", "state"],
+                                  [(t.topo_index, t.tensor, t.node, t.op_type, fmt_metric(t.metrics.get(m), m),
+                                    _floor_text(t.floor, m), t.metrics.get("nonfinite_mismatch"),
+                                    _state_text(result, t) + (" · output" if t.tensor in outputs else ""))
+                                   for t in shown],
+                                  classes=["first" if first is not None and t.tensor == first.tensor else
+                                           "bad" if t.diverged else "" for t in shown]) + "</details>")
 
     def show_culprit(self, node: str) -> None:
         """Select ``node`` in every panel and bring the Errors panel forward."""
@@ -243,3 +286,117 @@ class ComparePanel(widgets.VBox):
 
 def _spec(engine: str, variant: str) -> str:
     return engine if variant == "fp32" else f"{engine}:{variant}"
+
+
+def _precision_html(precision: dict, what: str) -> str:
+    """Each side's precision, with what it was read from as a tooltip and in small text."""
+    parts = []
+    for side in ("reference", "candidate"):
+        p = precision.get(side)
+        if p is None:
+            continue
+        name = p.precision if hasattr(p, "precision") else p.get("precision", "?")
+        source = p.source if hasattr(p, "source") else p.get("precision_source", "")
+        parts.append(f'{side} <b title="{html.escape(source, quote=True)}">{html.escape(str(name))}</b> '
+                     f'<span style="font-size:11px;color:#607d8b">({html.escape(source)})</span>')
+    if not parts:
+        return ""
+    return f'<div class="wb-culprit">{html.escape(what)} precision: ' + "; ".join(parts) + "</div>"
+
+
+def _floor_text(floor: dict | None, metric: str) -> str:
+    if not floor:
+        return "-"
+    return f"{str(floor.get('format', '')).upper()} {fmt_metric(floor.get(metric), metric)}"
+
+
+def _state_text(result: Any, t: Any) -> str:
+    if t.diverged:
+        return "DIVERGED" if result.diverged else "internal dip"
+    if t.at_floor:
+        return "at its floor"
+    return "ok"
+
+
+def verdict_html(result: Any) -> str:
+    """The verdict line (ok / DIVERGED with the reason), both sides' inferred precisions, every graph output
+    against its floor, internal dips, the first divergent tensor and the notes (see workbench.compare.text)."""
+    crit = result.criterion
+    m = crit.metric
+    verdict = result.verdict()
+    lines = [f"<b>{html.escape(result.candidate)}</b> against <b>{html.escape(result.reference)}</b>, "
+             f"{len(result.tensors)} tensors compared ({html.escape(result.mode)}), criterion: "
+             f"{html.escape(crit.describe())}, {result.timing.get('total_s', 0):.2f} s",
+             _precision_html(result.precision or {}, "inferred")]
+    if result.diverged:
+        lines.append(message_html(f"DIVERGED: {verdict['reason']}", "error"))
+    else:
+        lines.append(message_html(f"ok: {verdict['reason']}", "ok"))
+    outs = result.output_results
+    if outs:
+        lines.append(table_html(
+            ["output", m, "floor", "inf/NaN", "state"],
+            [(t.tensor, fmt_metric(t.metrics.get(m), m), _floor_text(t.floor, m),
+              t.metrics.get("nonfinite_mismatch") or 0,
+              "DIVERGED" if t.diverged else ("ok, at its floor (the format cannot hold the values)" if t.at_floor
+                                             else "ok")) for t in outs],
+            classes=["bad" if t.diverged else "" for t in outs]))
+    at_floor = [t for t in outs if t.at_floor]
+    if at_floor:
+        lines.append(message_html(
+            f"{len(at_floor)} output(s) at their precision floor: {', '.join(t.tensor for t in at_floor)} (the "
+            "candidate's format cannot hold those values; no node is at fault)", "info"))
+    dips = result.internal_dips
+    if dips:
+        on_floor = sum(t.at_floor for t in dips)
+        names = ", ".join(t.tensor for t in dips[:5]) + (", ..." if len(dips) > 5 else "")
+        lines.append(message_html(
+            f"{len(dips)} internal dip(s): internal tensors under the criterion while the outputs pass"
+            + (f" ({on_floor} at their format's floor)" if on_floor else "") + f": {names}"
+            + ("; they fail this run (fail_on_internal_dips)" if result.fail_on_internal_dips else
+               "; not a divergence"), "error" if result.failed else "warn"))
+    first = result.first_divergent
+    if first is not None:
+        bad = sum(t.diverged for t in result.tensors)
+        lines.append(message_html(
+            f"first divergent: {first.node} ({first.op_type}, #{first.topo_index}), {m} "
+            f"{fmt_metric(first.metrics.get(m), m)}" + (f", {_floor_text(first.floor, m)} floor" if first.floor
+                                                         else "")
+            + f"; {bad} of {len(result.tensors)} tensors diverged", "error"))
+    for note in result.notes:
+        lines.append(message_html(note, "info"))
+    return "".join(lines)
+
+
+def culprit_html(c: Any, metric: str) -> str:
+    """One culprit: harmful / harmless / below the criterion, the error it introduces (and beyond its floor),
+    what fixing it gains on the outputs (when measured) and the explanation."""
+    if c.harmless:
+        label = '<b style="color:#607d8b">harmless</b>'
+    elif c.introduces_divergence:
+        label = '<b style="color:#c62828">harmful</b>'
+    else:
+        label = "<b>below the criterion</b>"
+    m = html.escape(metric)
+    beyond = f" (the error beyond its floor: {metric} {fmt_metric(c.beyond_floor, metric)})" \
+        if c.beyond_floor is not None else ""
+    floor = f", its output's floor {html.escape(_floor_text(c.floor, metric))}" if c.floor else ""
+    introduced, received = fmt_metric(c.introduced.get(metric), metric), fmt_metric(c.received.get(metric), metric)
+    text = (f"{label} · {html.escape(c.op_type)} · introduces {m} {html.escape(introduced)}{html.escape(beyond)}, "
+            f"receives {html.escape(received)}{floor}")
+    impact = c.impact
+    if impact:
+        gain = fmt_metric(impact.get("best_gain_db"))
+        per = ", ".join(f"{o} {fmt_metric(g)} dB" for o, g in (impact.get("gain") or {}).items())
+        said = (f"fixing it gains at most {gain} dB on the outputs" if c.harmless
+                else f"fixing it gains {gain} dB on the outputs") + (f" ({per})" if per else "")
+        if impact.get("nonfinite_fixed"):
+            said += f", removes {impact['nonfinite_fixed']} inf/NaN"
+        if impact.get("note"):
+            said += f"; {impact['note']}"
+        text += "<br>impact: " + html.escape(said)
+    else:
+        text += "<br>impact: not measured"
+    if c.explanation:
+        text += "<br>" + html.escape(c.explanation)
+    return text

@@ -1,5 +1,6 @@
-"""Errors panel: the per-layer error curve (tolerance line, first divergent layer marked); click a layer to see
-its reference/candidate value histograms, the error histogram, a sampled scatter and a per-channel heat map."""
+"""Errors panel: the per-layer error curve (precision floor band, tolerance line, graph outputs, at-floor tensors
+and, for a diverged run, the first divergent layer marked); click a layer to see its error next to its floor, its
+reference/candidate value histograms, the error histogram, a sampled scatter and a per-channel heat map."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..compare.metrics import METRICS
+from ..core.metric_info import JUDGED
 from .figures import clear, show_figure
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
@@ -32,7 +33,7 @@ class ErrorsPanel(widgets.VBox):
         self.state = WorkbenchState.of(model, state=state, **load_kwargs)
         if result is not None:
             self.state.result = result
-        self.metric = widgets.Dropdown(options=[m for m in METRICS if m != "nonfinite_mismatch"],
+        self.metric = widgets.Dropdown(options=list(JUDGED),
                                        description="metric", layout=widgets.Layout(width="260px"))
         self.feed = widgets.BoundedIntText(value=0, min=0, max=0, description="feed",
                                            layout=widgets.Layout(width="150px"))
@@ -82,7 +83,14 @@ class ErrorsPanel(widgets.VBox):
             self.message.value = message_html("no comparison yet: run one in the Compare panel", "info")
             self.curve_box.children = ()
             return
-        self.message.value = message_html("click a point (a layer) to see its values", "info")
+        verdict = result.verdict()
+        dips = len(verdict["internal_dips"])
+        self.message.value = message_html(
+            f"{'DIVERGED' if result.diverged else 'ok'}: {verdict['reason']}"
+            + (f"; {dips} internal dip(s)" if dips else "") + ". Click a point (a layer) to see its values"
+            + ("; the shaded band is the precision floor (the error of merely holding the reference in the "
+               "candidate's format)." if any(t.floor for t in result.tensors) else "."),
+            "error" if result.diverged else "info")
         with self.hold_trait_notifications():
             count = int((result.feeds or {}).get("count") or 1)
             self.feed.max = max(0, count - 1)
@@ -121,6 +129,9 @@ class ErrorsPanel(widgets.VBox):
             if trace.customdata is not None:
                 trace.on_click(self._on_click)
         self._mark(self.state.selected)
+        tensor = self._tensor_of(self.state.selected)
+        if tensor is not None:  # the detail follows the metric shown
+            self.detail_title.value = layer_html(result, tensor, self.metric.value)
 
     def _on_click(self, trace: Any, points: Any, _selector: Any) -> None:
         if not points.point_inds:
@@ -151,7 +162,8 @@ class ErrorsPanel(widgets.VBox):
         if tensor is None:
             trace.x, trace.y = [], []
             return
-        y = next((tr.y[i] for tr in self.curve.data[:1] for i, x in enumerate(tr.x) if x == tensor.topo_index), None)
+        main = next((tr for tr in self.curve.data if tr.name == self.metric.value), self.curve.data[0])
+        y = next((main.y[i] for i, x in enumerate(main.x) if x == tensor.topo_index), None)
         trace.x, trace.y = [tensor.topo_index], [y]
 
     # --- detail ----------------------------------------------------------------------------------------------
@@ -165,13 +177,7 @@ class ErrorsPanel(widgets.VBox):
                 clear(out)
             return
         result = self.state.result
-        metric = result.criterion.metric
-        value = tensor.metrics.get(metric)
-        shown = f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
-        self.detail_title.value = (
-            f"<b>{html.escape(tensor.node)}</b> ({html.escape(tensor.op_type)}, #{tensor.topo_index}) &rarr; "
-            f"{html.escape(tensor.tensor)}: {html.escape(metric)} {shown}"
-            + (" <b style='color:#c62828'>diverged</b>" if tensor.diverged else ""))
+        self.detail_title.value = layer_html(result, tensor, self.metric.value or result.criterion.metric)
         feed, axis, model = int(self.feed.value), int(self.axis.value), self.state.model
 
         def work(progress, cancel):
@@ -198,3 +204,40 @@ class ErrorsPanel(widgets.VBox):
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.jobs.wait(timeout)
+
+
+def layer_html(result: Any, tensor: Any, metric: str) -> str:
+    """The selected layer's error next to its precision floor (and how far beyond it), and its state."""
+    from ..compare.floor import excess_db
+    from ..compare.text import fmt
+
+    m = html.escape(metric)
+    text = (f"<b>{html.escape(tensor.node)}</b> ({html.escape(tensor.op_type)}, #{tensor.topo_index}) &rarr; "
+            f"{html.escape(tensor.tensor)}: {m} {html.escape(fmt(tensor.metrics.get(metric), metric))}")
+    bad = tensor.metrics.get("nonfinite_mismatch") or 0
+    if bad:
+        text += f", {bad} inf/NaN where the reference is finite"
+    floor = tensor.floor
+    if floor:
+        name = html.escape(str(floor.get("format", "")).upper())
+        text += f"; {name} floor {m} {html.escape(fmt(floor.get(metric), metric))}"
+        excess = excess_db(metric, tensor.metrics, floor)
+        if excess is not None and excess > 0:
+            text += f" ({html.escape(fmt(excess))} dB beyond it)"
+        elif excess is not None:
+            text += " (no error beyond it)"
+        shares = [(floor.get("share_flushed"), "flush to zero"), (floor.get("share_over_max"), "exceed its range")]
+        said = [f"{100 * s:.3g}% of the reference values {what} in {name}" for s, what in shares
+                if isinstance(s, (int, float)) and s > 0]
+        if said:
+            text += " &mdash; " + "; ".join(said)
+    else:
+        text += "; no precision floor (the candidate holds it in float32 or wider)"
+    if tensor.tensor in set(result.outputs):
+        text += " &middot; <b>graph output</b>"
+    if tensor.diverged:
+        text += (" <b style='color:#c62828'>diverged</b>" if result.diverged else
+                 " <b style='color:#e65100'>internal dip</b> (the outputs pass)")
+    elif tensor.at_floor:
+        text += " <b style='color:#00838f'>at its floor</b> (the format cannot hold the values; not diverged)"
+    return text
