@@ -10,10 +10,12 @@ copies; the models that run are never copied.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 import time
+import weakref
 from functools import cached_property
 from typing import Any
 
@@ -126,6 +128,7 @@ class ComparisonPlan:
         elem = {name: tp.tensor_type.elem_type for name, tp in self.cand_types.items() if tp.HasField("tensor_type")}
         by_cand = tensor_formats(self.cand_model, elem, [p.candidate for p in self.pairs])
         self.formats = {p.tensor: by_cand[p.candidate] for p in self.pairs if p.candidate in by_cand}
+        self._files = self._write_weights(reference_engine, candidate_engine)
         self._engines: dict[str, Engine] = {}
         if reference_engine is not None:
             self._engines["reference"] = reference_engine
@@ -140,6 +143,47 @@ class ComparisonPlan:
         self.timing["setup_s"] = time.perf_counter() - t0
 
     # --- pieces -------------------------------------------------------------------------------------------
+    def _write_weights(self, reference_engine, candidate_engine) -> dict:
+        """Write each side's weights once for engines that build sessions from files (ORT, OpenVINO): every
+        session then maps them instead of copying them (see :mod:`workbench.engines.files`)."""
+        from ..engines.files import ModelFiles, register, unregister_ids
+        from ..engines.registry import class_for
+
+        files: dict = {}
+        for side, spec, model, custom in (("reference", self.ref_spec, self.ref_model, reference_engine),
+                                          ("candidate", self.cand_spec, self.cand_model, candidate_engine)):
+            if custom is not None or not getattr(class_for(spec.engine), "reads_files", False):
+                continue
+            t0 = time.perf_counter()
+            files[side] = ModelFiles(model)
+            register(model, files[side])
+            self.timing["weights_s"] = self.timing.get("weights_s", 0.0) + time.perf_counter() - t0
+        if files:
+            weakref.finalize(self, unregister_ids, [id(self.ref_model), id(self.cand_model)])
+        return files
+
+    @property
+    def isolation_source(self) -> onnx.ModelProto:
+        """What isolation models are cut from: the candidate's weight-free skeleton when its weights are on disk
+        (the isolation model then references them), else the candidate model."""
+        files = self._files.get("candidate")
+        return files.skeleton if files is not None else self.cand_model
+
+    @contextlib.contextmanager
+    def derived(self, model: onnx.ModelProto):
+        """Sessions of ``model``, built from the candidate's skeleton (an isolation model), read the candidate's
+        weights file while the block runs."""
+        from ..engines.files import register, unregister
+
+        files = self._files.get("candidate")
+        if files is None:
+            yield model
+            return
+        register(model, files)
+        try:
+            yield model
+        finally:
+            unregister(model)
     def _variant(self, spec: EngineSpec):
         from ..variants import make_variant
 
@@ -197,7 +241,12 @@ class ComparisonPlan:
         return run_plan(self, Steps(progress, cancel))
 
     def close(self) -> None:
-        """Stop worker processes of isolated engines (in-process engines need nothing)."""
+        """Stop worker processes of isolated engines and delete the weights written for sessions."""
+        from ..engines.files import unregister
+
+        unregister(self.ref_model, self.cand_model)
+        for files in self._files.values():
+            files.close()
         for engine in self._engines.values():
             close = getattr(engine, "close", None)
             if callable(close) and engine is not None and type(engine).__name__ == "IsolatedEngine":

@@ -124,63 +124,108 @@ def _compare_jobs(ctx: Context, out: Measured, pairs: list[TensorPair], ref: dic
 
 
 def run_all(ctx: Context) -> Measured:
-    """Mark every paired tensor, chunked under the budget; isolate every node."""
+    """Mark every paired tensor, chunked under the budget; isolate every node.
+
+    One session is alive at a time: per chunk the reference runs every feed (its values kept), then the candidate
+    runs and is compared, then the isolation model runs on the kept reference values. Sessions of engines that read
+    files map the weights written once (:mod:`workbench.engines.files`), so building one per step is cheap."""
     plan = ctx.plan
     out = Measured()
     sizes = tensor_bytes(plan.ref_model, plan.feeds[0])
-    # reference + candidate + isolation values of one feed are alive at once: ~4 copies of a chunk
-    groups = list(chunks([p.tensor for p in plan.pairs], sizes, max(1, ctx.budget // 4)))
+    n_feeds = len(plan.feeds)
+    # the reference values of every feed are kept through a chunk, plus one feed's candidate values
+    groups = list(chunks([p.tensor for p in plan.pairs], sizes, max(1, ctx.budget // (n_feeds + 2))))
     by_ref = plan.pair_by_tensor
     if len(groups) > 1:
         ctx.notes.append(f"{len(plan.pairs)} tensors compared in {len(groups)} chunks to stay under the memory "
                          "budget")
     isolate = plan.options.culprits
-    n_feeds = len(plan.feeds)
     for gi, group in enumerate(groups):
         pairs = [by_ref[t] for t in group]
         span = ctx.step.span(gi / len(groups), (gi + 1) / len(groups))
-        span(0.0, f"chunk {gi + 1}/{len(groups)}: building sessions")
-        iso = build_isolation(plan.cand_model, [p.candidate for p in pairs], plan.known, plan.cand_types) \
+        where = f"chunk {gi + 1}/{len(groups)}" if len(groups) > 1 else "all tensors"
+        iso = build_isolation(plan.isolation_source, [p.candidate for p in pairs], plan.known, plan.cand_types) \
             if isolate else None
         if iso is not None and iso.skipped:
             log.info("%d tensors not isolated", len(iso.skipped))
         need = set(group) | (set(iso.boundary.values()) if iso else set())
         marked = sorted(need - plan.ref_inputs)
+        span(0.0, f"{where}: reference engine")
+        refs = _run_side(ctx, plan.ref_engine, plan.ref_model, marked, plan.feeds, reference=True,
+                         step=_FeedSteps(span, 0.0, 0.3, f"{where}: reference", n_feeds))
+        span(0.3, f"{where}: candidate engine")
         t0 = time.perf_counter()
-        ref_sess = plan.ref_engine.prepare(plan.ref_model, marked) if marked else None
-        cand_sess = ctx.prepare_candidate(plan.cand_model, [p.candidate for p in pairs])
-        iso_sess, dtypes = None, {}
-        ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
-        t0 = time.perf_counter()
-        try:
-            for fi, (feed, cfeed) in enumerate(zip(plan.feeds, plan.cand_feeds)):
-                span((fi + 0.1) / n_feeds, f"chunk {gi + 1}/{len(groups)}: feed {fi + 1}/{n_feeds}, both engines")
-                ref = _ref_values(plan, ref_sess, feed)
-                if fi == 0 and iso is not None and iso.outputs:
-                    iso, iso_sess, dtypes = _prepare_isolation(ctx, iso, ref)
+        with ctx.prepare_candidate(plan.cand_model, [p.candidate for p in pairs]) as cand_sess:
+            ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for fi, cfeed in enumerate(plan.cand_feeds):
+                span(0.3 + 0.3 * fi / n_feeds, f"{where}: candidate, feed {fi + 1}/{n_feeds}")
                 cand = cand_sess.run(cfeed)
-                update_many(_compare_jobs(ctx, out, pairs, ref, cand))
+                update_many(_compare_jobs(ctx, out, pairs, refs[fi], cand))
                 del cand
-                if iso_sess is not None:
-                    span((fi + 0.6) / n_feeds, f"chunk {gi + 1}/{len(groups)}: feed {fi + 1}/{n_feeds}, every node "
-                         "alone on the candidate")
-                    alone = iso_sess.run(_iso_feed(iso, dtypes, ref))
-                    jobs = []
-                    for iso_name, target in iso.outputs.items():
-                        ref_name = plan.known.get(target, target)
-                        if ref_name in ref and iso_name in alone:
-                            jobs.append((out.introduced.setdefault(ref_name, ErrorStats()), ref[ref_name],
-                                         alone[iso_name]))
-                    update_many(jobs)
-                    del alone
-                del ref
-        finally:
-            for s in (ref_sess, cand_sess, iso_sess):
-                if s is not None:
-                    s.close()
-        ctx.timing["run_s"] = ctx.timing.get("run_s", 0.0) + time.perf_counter() - t0
+            ctx.timing["run_s"] = ctx.timing.get("run_s", 0.0) + time.perf_counter() - t0
+        if iso is not None and iso.outputs:
+            span(0.6, f"{where}: every node alone on the candidate")
+            _run_isolation(ctx, iso, refs, out, _FeedSteps(span, 0.6, 0.4, f"{where}: every node alone", n_feeds))
+        del refs
     ctx.step(1.0, "layer-wise comparison done")
     return out
+
+
+class _FeedSteps:
+    """Progress of one phase over the feeds: ``step(feed index)``."""
+
+    def __init__(self, span: Steps, lo: float, width: float, label: str, n: int):
+        self.span, self.lo, self.width, self.label, self.n = span, lo, width, label, n
+
+    def __call__(self, fi: int) -> None:
+        self.span(self.lo + self.width * fi / self.n, f"{self.label}, feed {fi + 1}/{self.n}")
+
+
+def _run_side(ctx: Context, engine, model, marked: list[str], feeds: list[dict], *, reference: bool,
+              step=None) -> list[dict[str, np.ndarray]]:
+    """Every feed through one session marking ``marked``; the values (plus the feeds' own inputs) per feed."""
+    plan = ctx.plan
+    t0 = time.perf_counter()
+    values: list[dict[str, np.ndarray]] = []
+    session = engine.prepare(model, marked) if marked else None
+    ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
+    t0 = time.perf_counter()
+    try:
+        for fi, feed in enumerate(feeds):
+            if step is not None:
+                step(fi)
+            values.append(_ref_values(plan, session, feed) if reference else dict(session.run(feed)))
+    finally:
+        if session is not None:
+            session.close()
+    ctx.timing["run_s"] = ctx.timing.get("run_s", 0.0) + time.perf_counter() - t0
+    return values
+
+
+def _run_isolation(ctx: Context, iso, refs: list[dict[str, np.ndarray]], out: Measured, step) -> None:
+    """The isolation model on every feed's reference values: each node's introduced error."""
+    plan = ctx.plan
+    t0 = time.perf_counter()
+    iso, session, dtypes = _prepare_isolation(ctx, iso, refs[0])
+    ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
+    if session is None:
+        return
+    t0 = time.perf_counter()
+    try:
+        for fi, ref in enumerate(refs):
+            step(fi)
+            alone = session.run(_iso_feed(iso, dtypes, ref))
+            jobs = []
+            for iso_name, target in iso.outputs.items():
+                ref_name = plan.known.get(target, target)
+                if ref_name in ref and iso_name in alone:
+                    jobs.append((out.introduced.setdefault(ref_name, ErrorStats()), ref[ref_name], alone[iso_name]))
+            update_many(jobs)
+            del alone
+    finally:
+        session.close()
+    ctx.timing["run_s"] = ctx.timing.get("run_s", 0.0) + time.perf_counter() - t0
 
 
 def _prepare_isolation(ctx: Context, iso, ref: dict[str, np.ndarray]):
@@ -190,10 +235,11 @@ def _prepare_isolation(ctx: Context, iso, ref: dict[str, np.ndarray]):
     plan = ctx.plan
     if any(r not in ref for r in iso.boundary.values()):
         have = {c: r for c, r in plan.known.items() if r in ref}
-        iso = build_isolation(plan.cand_model, list(iso.outputs.values()), have, plan.cand_types)
+        iso = build_isolation(plan.isolation_source, list(iso.outputs.values()), have, plan.cand_types)
     set_input_ranks(iso.model, {name: np.ndim(ref[r]) for name, r in iso.boundary.items()})
     try:
-        session = ctx.prepare_candidate(iso.model, list(iso.outputs))
+        with plan.derived(iso.model) as model:
+            session = ctx.prepare_candidate(model, list(iso.outputs))
     except EngineRunError as e:
         ctx.notes.append(f"culprit isolation could not run on the candidate engine: {e}")
         log.warning("isolation model rejected: %s", e)
@@ -260,7 +306,7 @@ def run_bisect(ctx: Context, outputs: list[str]) -> Measured:
 def _isolate_one(ctx: Context, pair: TensorPair, out: Measured) -> None:
     """Run the first divergent node alone on the candidate with reference inputs (one more build)."""
     plan = ctx.plan
-    iso = build_isolation(plan.cand_model, [pair.candidate], plan.known, plan.cand_types)
+    iso = build_isolation(plan.isolation_source, [pair.candidate], plan.known, plan.cand_types)
     if not iso.outputs:
         ctx.notes.append(f"could not isolate {pair.node}: {iso.skipped.get(pair.candidate, 'unknown reason')}")
         return

@@ -45,6 +45,9 @@ class Engine(ABC):
     #: True where marking every tensor as an output is cheap and does not change the computation
     #: (ORT, OpenVINO, ref); False for TensorRT, whose fusions change (layer-wise search bisects there).
     marks_all_cheaply: bool = True
+    #: builds sessions from model files (through :func:`workbench.engines.serialize.model_payload`), so a plan
+    #: writes the weights once (:mod:`workbench.engines.files`) and every session maps them
+    reads_files: bool = False
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:

@@ -23,6 +23,7 @@ class OpenVinoEngine(Engine):
 
     name = "openvino"
     label = "OpenVINO, CPU plugin, f32 inference precision"
+    reads_files = True
 
     def __init__(self, device: str = "CPU", inference_precision: str = "f32", config: dict | None = None):
         self.device = device

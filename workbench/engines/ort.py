@@ -40,6 +40,7 @@ class OrtEngine(Engine):
     name = "ort"
     label = "ONNX Runtime, CPU execution provider"
     provider_default = "cpu"
+    reads_files = True
 
     def __init__(self, provider: str | None = None, threads: int | None = None, graph_optimization: str = "all",
                  provider_options: dict | None = None, memory_arena: bool | None = None):
@@ -81,7 +82,7 @@ class OrtEngine(Engine):
                          "check that the marked tensors exist and that this onnxruntime supports the model's "
                          "IR version, opset and ops") from e
         session._model_bytes = None  # onnxruntime keeps the serialized model for ever otherwise
-        if not payload.is_file:
+        if not payload.is_file or payload._on_close is not None:  # a graph file beside shared weights is read
             payload.close()
         self._providers_used = session.get_providers()
         try:

@@ -44,7 +44,11 @@ class ReferenceEngine(Engine):
         from onnx.reference import ReferenceEvaluator
 
         from ..model.graph import sort_nodes
+        from .files import files_for
 
+        files = files_for(model)
+        if files is not None:  # weights on disk (skeleton references): load them into a private copy
+            model = files.materialize(model)
         # a copy (the evaluator keeps its nodes), in topological order (it runs nodes in file order)
         wide = sort_nodes(to_float64(model) if self.precision == "float64" else _copy(model))
         try:

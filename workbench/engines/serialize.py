@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,10 +28,11 @@ _GRAPH_ROOM = 256 << 20
 @dataclass
 class ModelPayload:
     """``source`` is bytes or the path of a temporary .onnx file; ``close()`` drops the bytes and deletes that
-    file's folder."""
+    file (its folder, or only the graph file when the weights are shared: :mod:`workbench.engines.files`)."""
 
     source: bytes | str | None
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+    _on_close: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def is_file(self) -> bool:
@@ -42,6 +43,9 @@ class ModelPayload:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
@@ -67,6 +71,12 @@ def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
     """Serialize ``model`` (with ``outputs`` as its graph outputs when given); past ``limit`` (default
     :data:`PROTOBUF_LIMIT`) save it with external data into a private temporary folder (never the working
     directory) and return that path instead."""
+    from .files import files_for
+
+    files = files_for(model)
+    if files is not None:  # its weights are on disk already: a small graph file beside them
+        path = files.graph_file(model, outputs)
+        return ModelPayload(str(path), _on_close=lambda: files.discard(path))
     limit = PROTOBUF_LIMIT if limit is None else limit
     if weight_bytes(model) + _GRAPH_ROOM < limit:
         if outputs is None:

@@ -39,6 +39,7 @@ class TensorRTEngine(Engine):
     label = "TensorRT (strongly typed networks on TRT >= 10)"
     marks_all_cheaply = False
     isolated_by_default = True
+    reads_files = True
 
     def __init__(self, strongly_typed: bool | None = None, workspace: int | None = None,
                  timing_cache: str | None = None, engine_cache_dir: str | None = None, use_debug_tensors: bool = True):

@@ -40,7 +40,7 @@ def validate(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Problem]]:
     problems: list[Problem] = []
     skeleton = strip_weights(model)
     try:
-        _check(skeleton)
+        check_skeleton(skeleton)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         problems.append(Problem("error", "checker", _first_line(e)))
     except Exception as e:  # noqa: BLE001 - the checker raises assorted C++ errors; report, don't crash
@@ -54,7 +54,7 @@ def validate(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Problem]]:
     return inferred, problems
 
 
-def _check(skeleton: onnx.ModelProto) -> None:
+def check_skeleton(skeleton: onnx.ModelProto) -> None:
     """onnx's full checker on a weight-free copy: its stubs point to one sparse file as large as the largest
     stripped tensor, so the checker's external-data checks pass without a byte of weights on disk."""
     import tempfile

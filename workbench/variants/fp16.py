@@ -8,12 +8,13 @@ from collections.abc import Sequence
 
 import onnx
 
+from ..core.shapes import infer_shapes_lenient, strip_weights
 from ..errors import VariantError
 from ..model.graph import sort_nodes
 from ..model.walk import iter_nodes
 from .clamps import find_clamps
 from .graph_names import check_node_names, copy_model, elem_types, map_tensors
-from .ort_session import first_line, ort_session
+from .ort_session import first_line
 from .result import VariantResult
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,10 @@ def to_fp16(
     key = _ALIASES.get(converter, converter)
     if key != "auto" and key not in CONVERTERS:
         raise VariantError(f"unknown FP16 converter '{converter}'", "use auto, ort or onnxconverter_common")
-    original = copy_model(getattr(model, "proto", model))
+    original = getattr(model, "proto", model)  # read only: each converter works on its own copy
     keep = check_node_names(original, keep_fp32, "keep_fp32")
+    typed = infer_shapes_lenient(original)  # once, weight-free: the converters need not infer shapes again
+    checkable = _type_problem(typed) is None
     order = list(CONVERTERS) if key == "auto" else [key]
     skipped: dict[str, str] = {}
     for name in order:
@@ -52,19 +55,24 @@ def to_fp16(
             DEFAULT_LIMITS[name][0] if min_positive_val is None else min_positive_val,
             DEFAULT_LIMITS[name][1] if max_finite_val is None else max_finite_val,
         )
+        work = copy_model(original)
+        del work.graph.value_info[:]
+        work.graph.value_info.extend(typed.graph.value_info)
         try:
-            converted = _convert(name, copy_model(original), keep, limits)
+            converted, clamped = _convert(name, work, keep, limits)
+            converted = _compact(sort_nodes(converted))
         except Exception as e:  # noqa: BLE001 - converters raise anything from AssertionError to C++ errors
             skipped[name] = f"it raised {first_line(e)[:300]}"
             log.info("FP16 converter %s failed: %s", name, skipped[name])
             continue
-        try:
-            ort_session(converted)
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
-            skipped[name] = f"ONNX Runtime rejected its model: {first_line(e)[:300]}"
+        finally:
+            del work
+        problem = _type_problem(infer_source(converted)) if checkable else None
+        if problem:
+            skipped[name] = f"its model is rejected by onnx type and shape inference: {problem[:300]}"
             log.info("FP16 converter %s: %s", name, skipped[name])
             continue
-        return _result(original, converted, name, limits, keep, skipped, forced=key != "auto")
+        return _result(original, converted, name, limits, keep, skipped, forced=key != "auto", clamped=clamped)
     reasons = "; ".join(f"{CONVERTERS[n]}: {why}" for n, why in skipped.items())
     raise VariantError(
         f"no FP16 converter produced a model ONNX Runtime accepts ({reasons})",
@@ -72,25 +80,55 @@ def to_fp16(
     )
 
 
-def _convert(name: str, model: onnx.ModelProto, keep: list[str], limits: tuple[float, float]) -> onnx.ModelProto:
-    if name == "ort":
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-    else:
-        from onnxconverter_common.float16 import convert_float_to_float16
-    with warnings.catch_warnings(record=True) as caught:  # onnxconverter-common warns once per clamped tensor
-        warnings.simplefilter("always")
+def infer_source(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A weight-free copy of ``model`` for type checks."""
+    return strip_weights(model)
+
+
+def _type_problem(skeleton: onnx.ModelProto) -> str | None:
+    """What onnx's strict type and shape inference objects to in a weight-free model (None: nothing). This is the
+    check a runtime makes on load (a converter that retypes a Cast's output but not its ``to`` fails it), without
+    building a session over the weights."""
+    from ..model.validate import check_skeleton
+
+    try:
+        check_skeleton(skeleton)
+        onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, check_type=True)
+    except Exception as e:  # noqa: BLE001 - the checker and inference raise assorted C++ errors
+        return first_line(e)
+    return None
+
+
+def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A fresh copy of ``model``: protobuf frees replaced field data only with the whole message, so a converted
+    model still holds every float32 weight it replaced by float16 until it is re-parsed."""
+    fresh = onnx.ModelProto()
+    fresh.ParseFromString(model.SerializeToString())
+    return fresh
+
+
+def _convert(name: str, model: onnx.ModelProto, keep: list[str], limits: tuple[float, float]
+             ) -> tuple[onnx.ModelProto, int]:
+    """(the converted model, how many tensors the converter clamped)."""
+    import importlib
+
+    from .fp16_fast import fast_converter
+
+    convert_float_to_float16 = importlib.import_module(CONVERTERS[name]).convert_float_to_float16
+    with warnings.catch_warnings(record=True) as caught, fast_converter(CONVERTERS[name]) as counter:
+        warnings.simplefilter("always")  # onnxconverter-common warns once per clamped tensor
         out = convert_float_to_float16(
             model, min_positive_val=limits[0], max_finite_val=limits[1], keep_io_types=True,
-            node_block_list=list(keep),
+            node_block_list=list(keep), disable_shape_infer=True,
         )
     for w in caught:
         log.debug("%s: %s", CONVERTERS[name], w.message)
-    return out
+    return out, counter.clamped
 
 
 def _result(
     original: onnx.ModelProto, converted: onnx.ModelProto, name: str, limits: tuple[float, float],
-    keep: list[str], skipped: dict[str, str], forced: bool,
+    keep: list[str], skipped: dict[str, str], forced: bool, clamped: int = 1,
 ) -> VariantResult:
     notes = []
     if forced:
@@ -99,7 +137,8 @@ def _result(
         notes.append(f"{CONVERTERS[other]} skipped: {why}")
     if not forced and not skipped:
         notes.append(f"{CONVERTERS['onnxconverter_common']} not tried: {CONVERTERS[name]}'s model was accepted")
-    clamped = find_clamps(original, converted, max_finite=limits[1], min_positive=limits[0])
+    # diff the constants only when the converter clamped something (a transformer's weights rarely need it)
+    clamped = find_clamps(original, converted, max_finite=limits[1], min_positive=limits[0]) if clamped else []
     for c in clamped:
         log.info("FP16 %s of %s: %s -> %s (%d of %d values; used by %s)", c.kind, c.name, c.original, c.converted,
                  c.count, c.size, ", ".join(c.consumers) or "-")
@@ -119,7 +158,6 @@ def _result(
         "inserted_casts": sum(n.op_type == "Cast" for n in inserted),
         "skipped_converters": dict(skipped),
     }
-    sort_nodes(converted)  # the converters append Casts out of order; checkers and evaluators want topological order
     return VariantResult(
         model=converted, variant="fp16", converter=name, clamped=clamped, tensor_map=tensor_map, kept_fp32=kept,
         notes=notes, details=details,
@@ -130,7 +168,7 @@ def _verify_kept(model: onnx.ModelProto, keep: list[str]) -> tuple[list[str], li
     """Nodes of ``keep`` whose float inputs and outputs are all float32 in ``model``, and notes on the others."""
     if not keep:
         return [], []
-    types = elem_types(model)
+    types = elem_types(infer_source(model))
     nodes = {n.name: n for n in iter_nodes(model.graph)}
     kept, problems = [], []
     for name in keep:

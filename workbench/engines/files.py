@@ -1,0 +1,270 @@
+"""Weights written once, sessions built from small graph files: what keeps a model's weights held once.
+
+ONNX Runtime and OpenVINO copy every weight when handed serialized bytes, and the bytes themselves are another
+copy; from a file whose weights sit in an external data file they map the weights instead (ONNX Runtime maps
+page-aligned external data; OpenVINO reads it lazily). :class:`ModelFiles` writes a model's tensors once into
+``weights.bin`` (page-aligned) in a private temporary folder and keeps a weight-free skeleton whose tensors point
+there. Each session then costs one small graph file (the model with its marked outputs, an isolation model built
+from the skeleton, a patched copy) written beside ``weights.bin``: :meth:`ModelFiles.graph_file`.
+
+Engines find the files of a model through a registry keyed by the proto object (:func:`register`,
+:func:`files_for`); whoever registers (the comparison plan) keeps the proto alive and unregisters it when done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto
+
+from ..core.shapes import KEEP_BYTES, STUB_FILE, tensor_nbytes
+from .outputs import edit_lock, temporarily
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "weights.bin"
+_ALIGN = 4096
+_REGISTRY: dict[int, tuple[onnx.ModelProto, ModelFiles]] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _ref(t: TensorProto, offset: int, length: int) -> TensorProto:
+    out = TensorProto(name=t.name, data_type=t.data_type, dims=list(t.dims))
+    out.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", WEIGHTS), ("offset", str(offset)), ("length", str(length))):
+        entry = out.external_data.add()
+        entry.key, entry.value = key, value
+    return out
+
+
+def _key(t: TensorProto) -> tuple:
+    return (t.name, t.data_type, tuple(t.dims))
+
+
+def _heavy(t: TensorProto) -> bool:
+    return tensor_nbytes(t) > KEEP_BYTES
+
+
+def _points_to(t: TensorProto, location: str) -> bool:
+    return t.data_location == TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == location for e in t.external_data)
+
+
+def _is_ours(t: TensorProto) -> bool:
+    return t.data_location == TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value in (WEIGHTS, STUB_FILE) for e in t.external_data)
+
+
+class ModelFiles:
+    """A model's weights in ``folder/weights.bin`` and a weight-free ``skeleton`` pointing there."""
+
+    def __init__(self, model: onnx.ModelProto, prefix: str = "workbench-weights-"):
+        self.folder = Path(tempfile.mkdtemp(prefix=prefix))
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
+        self.refs: dict[tuple, TensorProto] = {}  # (name, dtype, dims) -> external reference
+        self._count = 0
+        self._lock = threading.Lock()
+        with open(self.folder / WEIGHTS, "wb") as fh:
+            self.skeleton = onnx.ModelProto()
+            self.skeleton.CopyFrom(_without_graph(model))
+            self._write_graph(model.graph, self.skeleton.graph, fh)
+        log.info("weights of %s written once to %s (%.1f MB)", model.graph.name or "the model", self.folder,
+                 (self.folder / WEIGHTS).stat().st_size / 1e6)
+
+    # --- writing the weights once --------------------------------------------------------------------------
+    def _external(self, t: TensorProto, fh) -> TensorProto:
+        key = _key(t)
+        if key in self.refs:
+            return self.refs[key]
+        data = _raw(t)
+        offset = fh.tell()
+        pad = (-offset) % _ALIGN
+        if pad:
+            fh.write(b"\0" * pad)
+            offset += pad
+        fh.write(data)
+        ref = self.refs[key] = _ref(t, offset, len(data))
+        return ref
+
+    def _write_graph(self, src: onnx.GraphProto, dst: onnx.GraphProto, fh) -> None:
+        from ..core.shapes import _copy_fields
+
+        _copy_fields(src, dst, {"initializer", "node"})
+        for t in src.initializer:
+            dst.initializer.add().CopyFrom(self._external(t, fh) if _heavy(t) and not _is_ours(t) else t)
+        for node in src.node:
+            if not _node_heavy(node):
+                dst.node.add().CopyFrom(node)
+                continue
+            new = dst.node.add()
+            _copy_fields(node, new, {"attribute"})
+            for a in node.attribute:
+                na = new.attribute.add()
+                if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t):
+                    _copy_fields(a, na, {"t"})
+                    na.t.CopyFrom(self._external(_named(a.t, node, a.name), fh))
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    _copy_fields(a, na, {"g"})
+                    self._write_graph(a.g, na.g, fh)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    _copy_fields(a, na, {"graphs"})
+                    for g in a.graphs:
+                        self._write_graph(g, na.graphs.add(), fh)
+                else:
+                    na.CopyFrom(a)
+
+    # --- sessions -----------------------------------------------------------------------------------------------
+    def graph_file(self, model: onnx.ModelProto, outputs: Sequence[str] | None = None) -> Path:
+        """Write ``model`` (this model, an edit of it, or a model built from its skeleton) as a graph file beside
+        the weights, every heavy tensor the weights hold replaced by its reference; ``outputs``: the graph outputs
+        to set. Tensors the weights do not hold (a patch's new constants) are embedded. The caller deletes the
+        file once the engine has read it (:meth:`discard`)."""
+        with self._lock:
+            self._count += 1
+            path = self.folder / f"graph_{self._count:04d}.onnx"
+        with edit_lock(model):
+            if outputs is not None:
+                with temporarily(model, outputs) as marked:
+                    light = self._light(marked)
+            else:
+                light = self._light(model)
+        path.write_bytes(light.SerializeToString())
+        return path
+
+    def _light(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(_without_graph(model))
+        self._light_graph(model.graph, out.graph)
+        return out
+
+    def _light_graph(self, src: onnx.GraphProto, dst: onnx.GraphProto) -> None:
+        from ..core.shapes import _copy_fields
+
+        _copy_fields(src, dst, {"initializer", "node"})
+        for t in src.initializer:
+            dst.initializer.add().CopyFrom(self._swap(t))
+        for node in src.node:
+            if not _node_heavy(node):
+                dst.node.add().CopyFrom(node)
+                continue
+            new = dst.node.add()
+            _copy_fields(node, new, {"attribute"})
+            for a in node.attribute:
+                na = new.attribute.add()
+                if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t):
+                    _copy_fields(a, na, {"t"})
+                    na.t.CopyFrom(self._swap(_named(a.t, node, a.name)))
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    _copy_fields(a, na, {"g"})
+                    self._light_graph(a.g, na.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    _copy_fields(a, na, {"graphs"})
+                    for g in a.graphs:
+                        self._light_graph(g, na.graphs.add())
+                else:
+                    na.CopyFrom(a)
+
+    def _swap(self, t: TensorProto) -> TensorProto:
+        if _points_to(t, WEIGHTS):  # already a reference into these weights (cut from the skeleton)
+            return t
+        if not _heavy(t) and not _is_ours(t):
+            return t
+        ref = self.refs.get(_key(t))
+        if ref is not None:
+            out = TensorProto()
+            out.CopyFrom(ref)
+            out.name = t.name
+            return out
+        if _is_ours(t):
+            raise ValueError(f"tensor {t.name!r} points to weights this model's files do not hold")
+        return t
+
+    def discard(self, path: Path) -> None:
+        """Delete a graph file once its engine has read it (the weights file stays)."""
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    def materialize(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """A full copy of ``model`` with every reference to these weights loaded (for engines that need the
+        values in memory, like onnx's reference evaluator)."""
+        from onnx.external_data_helper import load_external_data_for_model
+
+        copy = self._light(model)
+        load_external_data_for_model(copy, str(self.folder))
+        return copy
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _named(t: TensorProto, node: onnx.NodeProto, attr: str) -> TensorProto:
+    """A Constant's value keyed by the node's output (values of different Constants often share a name)."""
+    if node.op_type == "Constant" and node.output:
+        out = TensorProto()
+        out.CopyFrom(t)
+        out.name = f"{node.output[0]}::{attr}"
+        return out
+    return t
+
+
+def _raw(t: TensorProto) -> bytes:
+    from onnx import numpy_helper
+
+    if t.HasField("raw_data"):
+        return t.raw_data
+    return numpy_helper.to_array(t).tobytes()
+
+
+def _node_heavy(node: onnx.NodeProto) -> bool:
+    for a in node.attribute:
+        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            return True
+        if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t):
+            return True
+    return False
+
+
+def _without_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    from ..core.shapes import _copy_fields
+
+    out = onnx.ModelProto()
+    _copy_fields(model, out, {"graph"})
+    return out
+
+
+def register(model: onnx.ModelProto, files: ModelFiles) -> None:
+    """Sessions of ``model`` (this very proto object, kept alive while registered) are built from ``files``
+    until :func:`unregister`."""
+    with _REGISTRY_LOCK:
+        _REGISTRY[id(model)] = (model, files)
+
+
+def unregister(*models: onnx.ModelProto) -> None:
+    with _REGISTRY_LOCK:
+        for model in models:
+            entry = _REGISTRY.get(id(model))
+            if entry is not None and entry[0] is model:
+                del _REGISTRY[id(model)]
+
+
+def unregister_ids(ids: Sequence[int]) -> None:
+    """Unregister by ``id()`` (for finalizers, which must not hold the protos)."""
+    with _REGISTRY_LOCK:
+        for i in ids:
+            _REGISTRY.pop(i, None)
+
+
+def files_for(model: onnx.ModelProto) -> ModelFiles | None:
+    with _REGISTRY_LOCK:
+        entry = _REGISTRY.get(id(model))
+        return entry[1] if entry is not None and entry[0] is model else None
