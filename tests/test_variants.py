@@ -269,3 +269,89 @@ def test_int8_falls_back_when_symbolic_shape_inference_fails_and_writes_nothing_
     assert result.details["preprocessing"].startswith("quant_pre_process: ONNX shape inference (symbolic skipped)")
     assert any("Incomplete symbolic shape inference" in n for n in result.notes)
     assert _cos(_run(model, feeds[0]), _run(result.model, feeds[0])) > 0.99
+
+
+def _converter_tensors(model: onnx.ModelProto) -> dict:
+    """Every tensor of a model and its subgraphs, by place: (dtype, dims, bytes), read with onnx alone."""
+    from onnx import numpy_helper
+
+    out = {}
+
+    def walk(graph, path):
+        for t in graph.initializer:
+            out[(path, "init", t.name)] = (t.data_type, list(t.dims), numpy_helper.to_array(t).tobytes())
+        for n in graph.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    out[(path, n.output[0], a.name)] = (a.t.data_type, list(a.t.dims),
+                                                        numpy_helper.to_array(a.t).tobytes())
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g, f"{path}/{n.name}/{a.name}")
+
+    walk(model.graph, "")
+    return out
+
+
+def _converted_directly(model: onnx.ModelProto, converter: str) -> onnx.ModelProto:
+    """The converter's own output on a full copy of the model (the independent reference)."""
+    import importlib
+    import warnings
+
+    from workbench.model.graph import sort_nodes
+
+    module = {"ort": "onnxruntime.transformers.float16", "onnxconverter_common": "onnxconverter_common.float16"}
+    limits = {"ort": (5.96e-08, 65504.0), "onnxconverter_common": (1e-7, 1e4)}[converter]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = importlib.import_module(module[converter]).convert_float_to_float16(
+            copy, min_positive_val=limits[0], max_finite_val=limits[1], keep_io_types=True)
+    return sort_nodes(out)
+
+
+def _assert_same_as_converter(model: onnx.ModelProto, converter: str) -> None:
+    ours = to_fp16(model, converter=converter).model
+    theirs = _converted_directly(model, converter)
+    assert _converter_tensors(ours) == _converter_tensors(theirs)
+    assert [(n.op_type, list(n.input), list(n.output)) for n in ours.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in theirs.graph.node]
+
+
+@pytest.mark.parametrize("converter", ["ort", "onnxconverter_common"])
+@pytest.mark.parametrize("name", ["fp16_clamp_constant.onnx", "transformer_block.onnx", "healthy_cnn.onnx",
+                                  "if_subgraph.onnx"])
+def test_weight_free_conversion_is_bit_identical_to_the_converter(name, converter):
+    """The converter runs on a weight-free copy and the weights are filled in afterwards by the same rule: the
+    result must be the converter's own output, tensor for tensor and bit for bit (clamps included)."""
+    _assert_same_as_converter(_load(name), converter)
+
+
+def test_vectorised_rule_matches_both_converters_bit_for_bit():
+    import warnings
+
+    from onnxconverter_common.float16 import convert_np_to_float16 as occ_rule
+    from onnxruntime.transformers.float16 import convert_np_to_float16 as ort_rule
+
+    from workbench.variants.fp16_fast import ClampCounter
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(20000) * np.exp(rng.uniform(-40, 20, 20000))).astype(np.float32)
+    x = np.concatenate([x, np.array([0, -0.0, np.nan, np.inf, -np.inf, 65504, -65504, 1e4, 5.96e-8, -5.96e-8, 1e-7],
+                                    np.float32)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for rule, limits in ((ort_rule, (5.96e-08, 65504.0)), (occ_rule, (1e-7, 1e4))):
+            for arr in (x, x.astype(np.float64)):
+                counter = ClampCounter()
+                ours = counter(arr.copy(), *limits)
+                assert np.array_equal(rule(arr.copy(), *limits).view(np.uint16), ours.view(np.uint16))
+                assert counter.clamped == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ppocr-det", "ppocr-rec"])
+def test_weight_free_conversion_on_real_models(fetch_model, name):
+    model = onnx.load(str(fetch_model(name)))
+    for converter in ("ort", "onnxconverter_common"):
+        _assert_same_as_converter(model, converter)

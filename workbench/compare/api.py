@@ -55,4 +55,5 @@ def compare(
     plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, options=options,
                           example_inputs=example_inputs, reference_engine=reference_engine,
                           candidate_engine=candidate_engine, **option_overrides)
+    plan.release_weights()  # sessions map the weights written once; the result's plan keeps only skeletons
     return plan.run(progress=progress, cancel=cancel)

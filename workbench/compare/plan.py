@@ -79,6 +79,7 @@ class ComparisonPlan:
                             "compare(module, 'torch', 'ort', example_inputs=(x,)) exports it and runs both")
         self.model_source, self.cand_source = model, cand_model
         self.original = model if isinstance(model, LoadedModel) else load_model(model, example_inputs=example_inputs)
+        self._owns_loaded = not isinstance(model, LoadedModel)
         self.engine_options = dict(opts.engine_options)
         if self.module is not None:  # the torch engine runs the module itself
             self.engine_options["torch"] = {"module": self.module, "example_inputs": example_inputs,
@@ -150,6 +151,7 @@ class ComparisonPlan:
         from ..engines.registry import class_for
 
         files: dict = {}
+        self._registered: list[int] = []  # ids the finalizer unregisters (shared with it, never holding the plan)
         for side, spec, model, custom in (("reference", self.ref_spec, self.ref_model, reference_engine),
                                           ("candidate", self.cand_spec, self.cand_model, candidate_engine)):
             if custom is not None or not getattr(class_for(spec.engine), "reads_files", False):
@@ -157,10 +159,36 @@ class ComparisonPlan:
             t0 = time.perf_counter()
             files[side] = ModelFiles(model)
             register(model, files[side])
+            self._registered.append(id(model))
             self.timing["weights_s"] = self.timing.get("weights_s", 0.0) + time.perf_counter() - t0
         if files:
-            weakref.finalize(self, unregister_ids, [id(self.ref_model), id(self.cand_model)])
+            weakref.finalize(self, unregister_ids, self._registered)
         return files
+
+    def release_weights(self) -> None:
+        """Let go of in-memory weights that sessions read from disk anyway: each side whose weights were written
+        becomes its weight-free skeleton (registered to the same files, so every session still maps them), and a
+        model this plan loaded itself keeps only its skeleton. Engines that need values in memory (onnx's reference
+        evaluator) load them from the files. compare() does this; plans that build new models from the weights
+        (repair, reduce) keep them."""
+        from ..core.shapes import strip_weights
+        from ..engines.files import register, unregister
+
+        released = False
+        for side, attr in (("reference", "ref_model"), ("candidate", "cand_model")):
+            files = self._files.get(side)
+            old = getattr(self, attr)
+            if files is None or old is files.skeleton:
+                continue
+            unregister(old)
+            register(files.skeleton, files)
+            self._registered.append(id(files.skeleton))
+            setattr(self, attr, files.skeleton)
+            released = True
+        if released and self._owns_loaded and "reference" in self._files and self.ref_variant is None:
+            for loaded in {id(self.original): self.original, id(self.loaded): self.loaded}.values():
+                loaded.proto = self.ref_model if loaded is self.loaded else strip_weights(loaded.proto)
+
 
     @property
     def isolation_source(self) -> onnx.ModelProto:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from collections.abc import Sequence
@@ -13,7 +14,8 @@ from ..errors import VariantError
 from ..model.graph import sort_nodes
 from ..model.walk import iter_nodes
 from .clamps import find_clamps
-from .graph_names import check_node_names, copy_model, elem_types, map_tensors
+from .fp16_fast import ClampCounter, fill_weights
+from .graph_names import check_node_names, elem_types, map_tensors
 from .ort_session import first_line
 from .result import VariantResult
 
@@ -55,18 +57,12 @@ def to_fp16(
             DEFAULT_LIMITS[name][0] if min_positive_val is None else min_positive_val,
             DEFAULT_LIMITS[name][1] if max_finite_val is None else max_finite_val,
         )
-        work = copy_model(original)
-        del work.graph.value_info[:]
-        work.graph.value_info.extend(typed.graph.value_info)
         try:
-            converted, clamped = _convert(name, work, keep, limits)
-            converted = _compact(sort_nodes(converted))
+            converted, clamped = _convert(name, original, typed, keep, limits)
         except Exception as e:  # noqa: BLE001 - converters raise anything from AssertionError to C++ errors
             skipped[name] = f"it raised {first_line(e)[:300]}"
             log.info("FP16 converter %s failed: %s", name, skipped[name])
             continue
-        finally:
-            del work
         problem = _type_problem(infer_source(converted)) if checkable else None
         if problem:
             skipped[name] = f"its model is rejected by onnx type and shape inference: {problem[:300]}"
@@ -99,31 +95,47 @@ def _type_problem(skeleton: onnx.ModelProto) -> str | None:
     return None
 
 
-def _compact(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A fresh copy of ``model``: protobuf frees replaced field data only with the whole message, so a converted
-    model still holds every float32 weight it replaced by float16 until it is re-parsed."""
-    fresh = onnx.ModelProto()
-    fresh.ParseFromString(model.SerializeToString())
-    return fresh
+def _convert(name: str, original: onnx.ModelProto, typed: onnx.ModelProto, keep: list[str],
+             limits: tuple[float, float]) -> tuple[onnx.ModelProto, int]:
+    """(the converted model, how many tensors the conversion clamped).
 
-
-def _convert(name: str, model: onnx.ModelProto, keep: list[str], limits: tuple[float, float]
-             ) -> tuple[onnx.ModelProto, int]:
-    """(the converted model, how many tensors the converter clamped)."""
+    The converter runs on a weight-free copy (typed by one shape inference, ``typed``): it decides which tensors
+    become float16 and where Casts go, and changes only the type of a tensor without data. The weights are then
+    filled in from ``original`` one tensor at a time, by the converters' own rule (:mod:`.fp16_fast`), so the
+    float32 model is never copied and the float16 one is built once."""
     import importlib
 
-    from .fp16_fast import fast_converter
-
-    convert_float_to_float16 = importlib.import_module(CONVERTERS[name]).convert_float_to_float16
-    with warnings.catch_warnings(record=True) as caught, fast_converter(CONVERTERS[name]) as counter:
-        warnings.simplefilter("always")  # onnxconverter-common warns once per clamped tensor
-        out = convert_float_to_float16(
-            model, min_positive_val=limits[0], max_finite_val=limits[1], keep_io_types=True,
+    work = strip_weights(original)
+    del work.graph.value_info[:]
+    work.graph.value_info.extend(typed.graph.value_info)
+    module = importlib.import_module(CONVERTERS[name])
+    counter = ClampCounter()  # the converters' rule: small tensors kept with their data are converted by it
+    with warnings.catch_warnings(record=True) as caught, _patched(module, counter):
+        warnings.simplefilter("always")
+        out = module.convert_float_to_float16(
+            work, min_positive_val=limits[0], max_finite_val=limits[1], keep_io_types=True,
             node_block_list=list(keep), disable_shape_infer=True,
         )
     for w in caught:
         log.debug("%s: %s", CONVERTERS[name], w.message)
+    sort_nodes(out)  # the converters append Casts out of order; checkers and evaluators want topological order
+    fill_weights(out, original, limits, counter)
     return out, counter.clamped
+
+
+@contextlib.contextmanager
+def _patched(module, counter: ClampCounter):
+    """While a converter runs on a weight-free copy: its clamp rule is :class:`ClampCounter` (same values, and a
+    count), and the value info it declares for a tensor takes the shape from the dims (it would read the data)."""
+    from onnx import helper
+
+    saved = module.make_value_info_from_tensor, module.convert_np_to_float16
+    module.make_value_info_from_tensor = lambda t: helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+    module.convert_np_to_float16 = counter
+    try:
+        yield
+    finally:
+        module.make_value_info_from_tensor, module.convert_np_to_float16 = saved
 
 
 def _result(

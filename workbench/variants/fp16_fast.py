@@ -1,21 +1,25 @@
-"""The FP16 converters' clamp-and-cast rule, vectorised, with a record of whether it changed anything.
+"""The weights of an FP16 variant, filled into the converter's weight-free output one tensor at a time.
 
 Both converters (onnxruntime.transformers.float16 and onnxconverter_common.float16) convert every float tensor
 with ``convert_np_to_float16``: positive values strictly between 0 and ``min_positive_val`` become
 ``min_positive_val``, finite values beyond ``max_finite_val`` become ``max_finite_val`` (signs kept; 0, NaN and
 inf unchanged), then ``np.float16``. Their implementation also scans each tensor six more times to log the
-extremes, which costs seconds on a transformer. :func:`fast_converter` swaps in this equivalent (tests check it
-bit for bit against the original) for the duration of one conversion and counts the tensors it changed, so the
-clamp report needs to diff constants only when something was clamped.
+extremes, which costs seconds on a transformer. :class:`ClampCounter` is the same rule vectorised (tests check it
+bit for bit against both converters' own function) and counts the tensors it changed, so the clamp report diffs
+constants only when something was clamped. On a tensor without data a converter only changes the type, so it can
+run on a weight-free copy and :func:`fill_weights` brings the data in afterwards.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 from collections.abc import Iterator
 
 import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from ..core.shapes import is_stub
+from ..model.walk import subgraphs_of
 
 
 class ClampCounter:
@@ -37,14 +41,41 @@ class ClampCounter:
         return np.float16(x)
 
 
-@contextlib.contextmanager
-def fast_converter(module_name: str) -> Iterator[ClampCounter]:
-    """Replace ``module_name.convert_np_to_float16`` with :class:`ClampCounter` while the block runs."""
-    module = importlib.import_module(module_name)
-    original = module.convert_np_to_float16
-    counter = ClampCounter()
-    module.convert_np_to_float16 = counter
-    try:
-        yield counter
-    finally:
-        module.convert_np_to_float16 = original
+
+
+def _tensors(graph: onnx.GraphProto, path: str = "") -> Iterator[tuple[tuple, TensorProto]]:
+    """(key, tensor) for every tensor a graph holds: initializers by name, tensor attributes by node output (or
+    name) and attribute, subgraphs included (keys carry the subgraph's place)."""
+    for t in graph.initializer:
+        yield (path, "init", t.name), t
+    for node in graph.node:
+        owner = node.output[0] if node.output else node.name
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield (path, "attr", owner, a.name), a.t
+        for attr, sub in subgraphs_of(node):
+            yield from _tensors(sub, f"{path}/{owner}/{attr}")
+
+
+def fill_weights(converted: onnx.ModelProto, original: onnx.ModelProto, limits: tuple[float, float],
+                 counter: ClampCounter) -> None:
+    """Replace each data-less tensor of ``converted`` (a converter's output on a weight-free copy) by the
+    ``original`` tensor's data, converted to float16 by ``counter`` (the converters' rule) where the converter
+    made it float16."""
+    source = dict(_tensors(original.graph))
+    for key, t in _tensors(converted.graph):
+        if not is_stub(t):
+            continue
+        src = source.get(key)
+        if src is None:
+            raise ValueError(f"the converter created tensor {key[-1]!r} that the original model does not hold")
+        if t.data_type == TensorProto.FLOAT16 and src.data_type == TensorProto.FLOAT:
+            data = counter(numpy_helper.to_array(src), *limits)
+            filled = numpy_helper.from_array(data, t.name)
+        else:
+            filled = TensorProto()
+            filled.CopyFrom(src)
+            filled.name = t.name
+        del filled.dims[:]
+        filled.dims.extend(t.dims)
+        t.CopyFrom(filled)
