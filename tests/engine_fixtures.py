@@ -55,3 +55,22 @@ class _Session(Session):
     def run(self, feeds):
         misbehave(str(feeds["how"]) if "how" in feeds else self.how)
         return {"y": np.asarray(feeds["x"]) * 2, "pid": np.array(os.getpid())}
+
+
+class CountingReference(Engine):
+    """A third-party engine in one file: onnx's reference evaluator in the model's own types, counting sessions.
+    Registered by class path (``engine_fixtures:CountingReference``) or through an entry point in the tests."""
+
+    name = "counting-ref"
+    label = "onnx reference evaluator, counting sessions (test engine)"
+    variants = ("fp32", "fp16")
+    sessions = 0
+
+    def prepare(self, model, outputs) -> Session:
+        from workbench.engines.reference import ReferenceEngine
+
+        type(self).sessions += 1
+        return ReferenceEngine(precision="native").prepare(model, outputs)
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "sessions": type(self).sessions}

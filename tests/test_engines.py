@@ -441,3 +441,48 @@ def test_importing_engines_stays_light():
             "print([m for m in ('onnxruntime', 'openvino', 'torch', 'tensorrt', 'polygraphy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_class_path_is_a_spec_with_its_own_variant():
+    """A new engine is one file: ``package.module:Class[:VARIANT]`` works as a spec without registering."""
+    from workbench.compare.api import compare
+    from workbench.engines.spec import EngineSpec
+
+    spec = EngineSpec.parse("engine_fixtures:CountingReference:fp16")
+    assert spec.engine == "engine_fixtures:CountingReference" and spec.variant == "fp16"
+    assert str(spec) == "engine_fixtures:CountingReference:fp16"
+    with pytest.raises(SpecError, match="no int8 variant"):
+        EngineSpec.parse("engine_fixtures:CountingReference:int8")
+    before = __import__("engine_fixtures").CountingReference.sessions
+    ours = compare(SAMPLES / "fp16_clamp_constant.onnx", "ort", "engine_fixtures:CountingReference:fp16")
+    builtin = compare(SAMPLES / "fp16_clamp_constant.onnx", "ort", "ref:fp16")
+    assert __import__("engine_fixtures").CountingReference.sessions > before
+    assert ours.candidate == "engine_fixtures:CountingReference:fp16"
+    assert [c.node for c in ours.culprits][:1] == [c.node for c in builtin.culprits][:1]
+    assert ours.tensor("logits").metrics["sqnr_db"] == pytest.approx(builtin.tensor("logits").metrics["sqnr_db"])
+
+
+def test_entry_points_register_third_party_engines(tmp_path, monkeypatch):
+    import sys
+
+    from workbench.engines import registry
+    from workbench.engines.spec import EngineSpec
+
+    dist = tmp_path / "thirdparty_engine-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-engine\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[workbench.engines]\ncounting = engine_fixtures:CountingReference\n"
+                                           "ort = engine_fixtures:CountingReference\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    registry.registered.cache_clear()
+    try:
+        names = registry.registered()
+        assert names["counting"] == "engine_fixtures:CountingReference"
+        assert names["ort"] == registry.BUILTIN["ort"]  # an entry point cannot shadow a built-in engine
+        assert EngineSpec.parse("counting:fp16") == EngineSpec("counting", "fp16")
+        row = next(r for r in available_engines() if r["name"] == "counting")
+        assert row["available"] and row["description"].startswith("onnx reference evaluator")
+    finally:
+        monkeypatch.undo()
+        registry.registered.cache_clear()
+    assert "counting" not in registry.registered()
