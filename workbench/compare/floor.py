@@ -27,6 +27,9 @@ BF16_MAX = 3.3895313892515355e38
 BF16_MIN_NORMAL = 1.1754943508222875e-38
 #: an error within this many dB (noise power) of its floor is "at the floor"
 FLOOR_MARGIN_DB = 6.0
+#: floors are statistics of the reference values: past this many values per tensor and feed, an evenly strided
+#: sample of this size estimates them (its SQNR within ~0.1 dB on real tensors) at a fraction of the cost
+FLOOR_SAMPLE = 1 << 18
 
 _QUANT_NAMES = {TensorProto.INT8: "int8", TensorProto.UINT8: "uint8", TensorProto.INT16: "int16",
                 TensorProto.UINT16: "uint16", TensorProto.FLOAT8E4M3FN: "fp8e4m3fn", TensorProto.FLOAT8E5M2: "fp8e5m2"}
@@ -107,9 +110,11 @@ class FloorStats(ErrorStats):
         ref = np.asarray(ref)
         if ref.dtype.kind != "f":
             return self
+        if ref.size > FLOOR_SAMPLE and not fmt.is_integer:  # per-axis grids need the layout: never subsampled
+            ref = ref.reshape(-1)[:: -(-ref.size // FLOOR_SAMPLE)]
         held = fmt.represent(ref)
         self.format_name = fmt.name
-        self.update(ref, held)
+        self.update(ref, held, rel=False)
         a = np.abs(ref)
         self.values += a.size
         nonzero = a > 0

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..core.shapes import KEEP_BYTES, tensor_nbytes
 from ..model.walk import iter_nodes, subgraphs_of
 from .graph_names import node_names, original_consumers
 from .result import ClampRecord
@@ -46,17 +47,18 @@ def float_constants(model: onnx.ModelProto, only_float32: bool = False) -> dict[
 
 def find_clamps(
     original: onnx.ModelProto, converted: onnx.ModelProto, *, max_finite: float, min_positive: float,
-    rounding: float | None = None,
+    rounding: float | None = None, only: set[str] | None = None,
 ) -> list[ClampRecord]:
     """ClampRecords for every float32 constant of ``original`` whose counterpart in ``converted`` (cast back to
     float32) lost values above ``max_finite`` or nonzero values below ``min_positive``. Overflows come first,
-    then by largest absolute change."""
+    then by largest absolute change. ``only``: diff just these constants among the large ones (those a conversion
+    is known to have clamped); small ones are always diffed."""
     before = float_constants(original, only_float32=True)
     after = float_constants(converted)
     originals = set(node_names(original))
     records: list[ClampRecord] = []
     for key, (tensor, source) in before.items():
-        if key not in after:
+        if key not in after or (only is not None and key not in only and tensor_nbytes(tensor) > KEEP_BYTES):
             continue
         try:
             a = numpy_helper.to_array(tensor).astype(np.float32, copy=False)

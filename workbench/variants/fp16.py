@@ -97,7 +97,7 @@ def _type_problem(skeleton: onnx.ModelProto) -> str | None:
 
 def _convert(name: str, original: onnx.ModelProto, typed: onnx.ModelProto, keep: list[str],
              limits: tuple[float, float]) -> tuple[onnx.ModelProto, int]:
-    """(the converted model, how many tensors the conversion clamped).
+    """(the converted model, the rule's record of what it clamped).
 
     The converter runs on a weight-free copy (typed by one shape inference, ``typed``): it decides which tensors
     become float16 and where Casts go, and changes only the type of a tensor without data. The weights are then
@@ -120,7 +120,7 @@ def _convert(name: str, original: onnx.ModelProto, typed: onnx.ModelProto, keep:
         log.debug("%s: %s", CONVERTERS[name], w.message)
     sort_nodes(out)  # the converters append Casts out of order; checkers and evaluators want topological order
     fill_weights(out, original, limits, counter)
-    return out, counter.clamped
+    return out, counter
 
 
 @contextlib.contextmanager
@@ -140,7 +140,7 @@ def _patched(module, counter: ClampCounter):
 
 def _result(
     original: onnx.ModelProto, converted: onnx.ModelProto, name: str, limits: tuple[float, float],
-    keep: list[str], skipped: dict[str, str], forced: bool, clamped: int = 1,
+    keep: list[str], skipped: dict[str, str], forced: bool, clamped: ClampCounter | None = None,
 ) -> VariantResult:
     notes = []
     if forced:
@@ -150,7 +150,9 @@ def _result(
     if not forced and not skipped:
         notes.append(f"{CONVERTERS['onnxconverter_common']} not tried: {CONVERTERS[name]}'s model was accepted")
     # diff the constants only when the converter clamped something (a transformer's weights rarely need it)
-    clamped = find_clamps(original, converted, max_finite=limits[1], min_positive=limits[0]) if clamped else []
+    clamped = find_clamps(original, converted, max_finite=limits[1], min_positive=limits[0],
+                          only=clamped.names if clamped is not None else None) \
+        if clamped is None or clamped.clamped else []
     for c in clamped:
         log.info("FP16 %s of %s: %s -> %s (%d of %d values; used by %s)", c.kind, c.name, c.original, c.converted,
                  c.count, c.size, ", ".join(c.consumers) or "-")

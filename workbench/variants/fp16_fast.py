@@ -23,14 +23,18 @@ from ..model.walk import subgraphs_of
 
 
 class ClampCounter:
-    """How many tensors the conversion clamped (0: the clamp report has nothing to find)."""
+    """The converters' rule, counting the tensors it clamped (0: the clamp report has nothing to find);
+    ``names``: those the weight fill clamped, in :func:`workbench.variants.clamps.float_constants`' keys."""
 
     def __init__(self) -> None:
         self.clamped = 0
+        self.names: set[str] = set()
 
     def __call__(self, np_array, min_positive_val=5.96e-08, max_finite_val=65504.0):
         x = np.asarray(np_array)
         a = np.abs(x)
+        if not a.size or (a.max(initial=0) <= max_finite_val and not _has_small(a, min_positive_val)):
+            return np.float16(x)  # the common case: nothing to clamp (NaN compares false, as in the rule)
         small = (a > 0) & (a < min_positive_val)
         big = (a > max_finite_val) & np.isfinite(x)
         if small.any() or big.any():
@@ -41,18 +45,25 @@ class ClampCounter:
         return np.float16(x)
 
 
+def _has_small(a: np.ndarray, limit: float) -> bool:
+    """Any 0 < |x| < limit (NaN-safe)."""
+    below = a < limit
+    return bool(below.any()) and bool(np.count_nonzero(a[below]))
 
 
-def _tensors(graph: onnx.GraphProto, path: str = "") -> Iterator[tuple[tuple, TensorProto]]:
-    """(key, tensor) for every tensor a graph holds: initializers by name, tensor attributes by node output (or
-    name) and attribute, subgraphs included (keys carry the subgraph's place)."""
+
+
+def _tensors(graph: onnx.GraphProto, path: str = "") -> Iterator[tuple[tuple, str, TensorProto]]:
+    """(key, clamp-report name, tensor) for every tensor a graph holds: initializers by name, tensor attributes by
+    node output (or name) and attribute, subgraphs included (keys carry the subgraph's place)."""
     for t in graph.initializer:
-        yield (path, "init", t.name), t
+        yield (path, "init", t.name), t.name, t
     for node in graph.node:
         owner = node.output[0] if node.output else node.name
         for a in node.attribute:
             if a.type == onnx.AttributeProto.TENSOR:
-                yield (path, "attr", owner, a.name), a.t
+                name = owner if node.op_type == "Constant" and a.name == "value" else f"{node.name}:{a.name}"
+                yield (path, "attr", owner, a.name), name, a.t
         for attr, sub in subgraphs_of(node):
             yield from _tensors(sub, f"{path}/{owner}/{attr}")
 
@@ -62,20 +73,25 @@ def fill_weights(converted: onnx.ModelProto, original: onnx.ModelProto, limits: 
     """Replace each data-less tensor of ``converted`` (a converter's output on a weight-free copy) by the
     ``original`` tensor's data, converted to float16 by ``counter`` (the converters' rule) where the converter
     made it float16."""
-    source = dict(_tensors(original.graph))
-    for key, t in _tensors(converted.graph):
+    source = {key: t for key, _, t in _tensors(original.graph)}
+    for key, name, t in _tensors(converted.graph):
         if not is_stub(t):
             continue
         src = source.get(key)
         if src is None:
             raise ValueError(f"the converter created tensor {key[-1]!r} that the original model does not hold")
         if t.data_type == TensorProto.FLOAT16 and src.data_type == TensorProto.FLOAT:
+            before = counter.clamped
             data = counter(numpy_helper.to_array(src), *limits)
-            filled = numpy_helper.from_array(data, t.name)
+            if counter.clamped > before:
+                counter.names.add(name)
+            tname, dims = t.name, list(t.dims)
+            t.Clear()
+            t.name, t.data_type = tname, TensorProto.FLOAT16
+            t.dims.extend(dims)
+            t.raw_data = data.tobytes()
         else:
-            filled = TensorProto()
-            filled.CopyFrom(src)
-            filled.name = t.name
-        del filled.dims[:]
-        filled.dims.extend(t.dims)
-        t.CopyFrom(filled)
+            dims = list(t.dims)
+            t.CopyFrom(src)
+            del t.dims[:]
+            t.dims.extend(dims)
