@@ -20,6 +20,7 @@ _LAZY = {
     "Inspection": "workbench.inspection",
     "inventory": "workbench.model.inventory",
     "Workbench": "workbench.ui.workbench",
+    "repair": "workbench.repair",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY, extra=("__version__",))

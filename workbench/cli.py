@@ -127,6 +127,27 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_reduce(args: argparse.Namespace) -> int:
+    from .compare.criterion import Criterion
+    from .inputs import parse_shape_overrides
+    from .reduce import command_line, reduce
+
+    if args.criterion:
+        Criterion.parse(args.criterion)  # a bad criterion fails before the comparison, not after
+    options = {"criterion": args.criterion, "seed": args.seed, "feed_count": args.feeds,
+               "input_shapes": parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
+               "keep_fp32": args.keep_fp32 or ()}
+    command = command_line(args.model, args.ref, args.cand, cand_model=args.cand_model, feeds=args.inputs,
+                           node=args.node, out=args.out, max_nodes=args.max_nodes, options=options)
+    result = reduce(args.model, args.ref, args.cand, cand_model=args.cand_model, feeds=args.inputs, node=args.node,
+                    out=args.out, max_nodes=args.max_nodes, command=command, **options)
+    if args.json:
+        _write_json(result.to_json(), args.json)
+    if args.json != "-":
+        print(result.render())
+    return EXIT_OK if result.reproduced else EXIT_DIVERGED
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate.api import calibrate
     from .calibrate.report import read_thresholds
@@ -165,6 +186,28 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         for line in written:
             print(f"wrote {line}")
     return EXIT_OK
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    from .inputs import parse_shape_overrides
+    from .repair.api import repair
+
+    result = repair(
+        args.model, args.ref, args.cand, cand_model=args.cand_model, feeds=args.inputs, target=args.target,
+        metric=args.metric, out=args.out, nodes=args.nodes, max_builds=args.max_builds, batch=args.batch,
+        verify=None if args.verify == "none" else args.verify, seed=args.seed, feed_count=args.feeds,
+        memory_budget=args.memory_budget,
+        input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
+        progress=_progress_logger() if args.verbose else None,
+    )
+    if args.bundle:
+        path = result.save_bundle(args.bundle, zip=args.bundle.lower().endswith(".zip"))
+        print(f"workbench: bundle written to {path} (rerun it: workbench rerun {path})", file=sys.stderr)
+    if args.json:
+        _write_json(result.to_json(), args.json)
+    if args.json != "-":
+        print(result.render())
+    return result.exit_code
 
 
 def _feeds_arg(text: str):
@@ -303,6 +346,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, metavar="N", help="largest changes to list (default 10)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.diff/1 JSON to OUT ('-' for stdout)")
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("reduce", help="write the smallest reference/candidate model pair around a culprit, with its "
+                       "inputs and expected outputs: a bug report that reproduces the divergence with onnxruntime")
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--ref", default="ort", metavar="SPEC", help="reference ENGINE[:VARIANT] (default: ort)")
+    p.add_argument("--cand", default="ort:fp16", metavar="SPEC", help="candidate ENGINE[:VARIANT] (default: ort:fp16)")
+    p.add_argument("--cand-model", metavar="OTHER.onnx", help="the candidate side comes from this file (your own "
+                   "FP16/QDQ export)")
+    p.add_argument("--inputs", metavar="FILE", help=".npz, folder of .npz, or Polygraphy inputs JSON "
+                   "(default: seeded random feeds)")
+    p.add_argument("--node", metavar="NAME", help="reference node to reduce (default: the top harmful culprit)")
+    p.add_argument("--out", required=True, metavar="DIR", help="new (or empty) folder for the files")
+    p.add_argument("--max-nodes", type=_whole(1), default=3, metavar="N", help="grow the subgraph up to N reference "
+                   "nodes when the node alone does not reproduce (default 3)")
+    p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
+    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
+    p.add_argument("--feeds", type=int, default=1, metavar="N", help="number of random feeds (default 1)")
+    p.add_argument("--keep-fp32", nargs="+", metavar="NODE", help="nodes the fp16/int8 variant keeps in float32")
+    p.add_argument("--criterion", metavar="METRIC<VALUE", help="when a tensor diverges (default per precision)")
+    p.add_argument("--json", metavar="OUT", help="write the workbench.reduce/1 JSON to OUT ('-' for stdout)")
+    p.set_defaults(func=cmd_reduce)
+
+    p = sub.add_parser("repair", help="the smallest set of nodes to keep in reference precision (FP32 islands, Q/DQ "
+                       "removed) so that the candidate meets a target; writes the repaired model")
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--ref", default="ort", metavar="SPEC", help="reference ENGINE[:VARIANT] (default: ort)")
+    p.add_argument("--cand", default="ort:fp16", metavar="SPEC", help="candidate ENGINE[:VARIANT] (default: ort:fp16)")
+    p.add_argument("--cand-model", metavar="FILE", help="repair this file (your own FP16/QDQ export) instead of the "
+                   "tool's variant")
+    p.add_argument("--inputs", metavar="DIR|FILE", help=".npz, folder of .npz, or Polygraphy inputs JSON "
+                   "(default: seeded random feeds)")
+    p.add_argument("--feeds", type=_whole(1), default=1, metavar="N", help="number of random feeds (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
+    p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
+    p.add_argument("--target", metavar="TEXT", help="without --metric: a criterion every output must pass on every "
+                   "feed, e.g. sqnr_db<40 (default: the candidate precision's); with --metric: OP NUMBER, e.g. >=0.99")
+    p.add_argument("--metric", metavar="module:function", help="task metric fn(reference_outputs, "
+                   "candidate_outputs) -> number|bool per feed (module:function or path/file.py:function)")
+    p.add_argument("--out", required=True, metavar="FIXED.onnx", help="where to write the repaired model")
+    p.add_argument("--nodes", nargs="+", metavar="NODE", help="search among these nodes (reference names, best "
+                   "first) instead of the comparison's culprits")
+    p.add_argument("--max-builds", type=_whole(1), default=40, metavar="N", help="cap on candidate builds by the "
+                   "search (default 40)")
+    p.add_argument("--batch", choices=["auto", "switch", "build"], default="auto", help="switch: one switchable "
+                   "model, a run per evaluated set; build: a build per set; auto: switch for FP16/BF16, build for Q/DQ")
+    p.add_argument("--memory-budget", metavar="SIZE", help="peak memory for the comparison's marked tensors, e.g. "
+                   "512M (default: a quarter of RAM, at most 4G)")
+    p.add_argument("--verify", default="ref", metavar="ENGINE", help="independent engine the repaired model is "
+                   "verified on besides the candidate's (default: ref; none: skip)")
+    p.add_argument("--json", metavar="OUT", help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--bundle", metavar="DIR", help="save a comparison bundle of the reference vs the repaired model "
+                   "(rerun it with `workbench rerun DIR`)")
+    p.set_defaults(func=cmd_repair)
     return parser
 
 

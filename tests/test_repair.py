@@ -1,0 +1,322 @@
+"""workbench repair: FP32 islands / Q/DQ removal, the search, the CLI, and real PP-OCR detectors.
+
+The truth is computed here without the workbench: onnxruntime runs the FP32 model and the saved repaired model,
+numpy measures the outputs, onnx reads the repaired model's nodes and constants, and ocr_truth decodes the det
+text masks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import workbench
+from workbench.cli import main
+from workbench.repair import IslandBuilder, RepairError, keep_fp32_islands, remove_qdq, repair
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
+CLAMP = SAMPLES / "fp16_clamp_constant.onnx"
+BN = "/bn_big_var/BatchNormalization"
+
+
+def ort_session(model, optimize: bool = True) -> ort.InferenceSession:
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+def ort_run(model, feeds: list[dict], optimize: bool = True) -> list[list[np.ndarray]]:
+    session = ort_session(model, optimize)
+    return [session.run(None, f) for f in feeds]
+
+
+def sqnr_db(ref: np.ndarray, cand: np.ndarray) -> float:
+    r, c = ref.astype(np.float64), cand.astype(np.float64)
+    noise = float(np.sum((c - r) ** 2))
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(r**2) / noise))
+
+
+def norm_mean_abs(ref: np.ndarray, cand: np.ndarray) -> float:
+    r, c = ref.astype(np.float64), cand.astype(np.float64)
+    return float(np.abs(c - r).sum() / np.abs(r).sum())
+
+
+def constant_of(model: onnx.ModelProto, name: str) -> onnx.TensorProto:
+    for t in model.graph.initializer:
+        if t.name == name:
+            return t
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output[0] == name:
+            return next(a.t for a in n.attribute if a.name == "value")
+    raise KeyError(name)
+
+
+def node_named(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.name == name)
+
+
+def weight_share_fp16(model: onnx.ModelProto) -> float:
+    """FP16 bytes / all float weight bytes (initializers and Constant tensors), counted with onnx alone."""
+    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node if n.op_type == "Constant"
+                                               for a in n.attribute if a.name == "value"]
+    sizes = {onnx.TensorProto.FLOAT16: 0, onnx.TensorProto.FLOAT: 0, onnx.TensorProto.DOUBLE: 0}
+    for t in tensors:
+        if t.data_type in sizes:
+            sizes[t.data_type] += numpy_helper.to_array(t).nbytes
+    return sizes[onnx.TensorProto.FLOAT16] / sum(sizes.values())
+
+
+# --- the bundled faulty samples -----------------------------------------------------------------------------------
+def test_clamped_batchnorm_is_kept_with_its_constant_restored(tmp_path):
+    out = tmp_path / "fixed.onnx"
+    res = workbench.repair(str(CLAMP), "ort", "ort:fp16", out=out)
+    assert res.met and res.kept == [BN] and res.minimal and res.exit_code == 0
+    fixed = onnx.load(str(out))
+    onnx.checker.check_model(fixed, full_check=True)
+    bn = node_named(fixed, BN)
+    var = constant_of(fixed, bn.input[4])
+    assert var.data_type == onnx.TensorProto.FLOAT
+    assert numpy_helper.to_array(var)[3] == np.float32(9.8e7)  # not the converter's 1e4/65504
+    assert all(constant_of(fixed, i).data_type == onnx.TensorProto.FLOAT for i in bn.input[1:5])
+    # the truth: onnxruntime on the FP32 model and on the saved repaired model
+    x = np.random.default_rng(0).standard_normal((1, 4, 16, 16)).astype(np.float32)
+    (ref,), (got,) = ort_run(onnx.load(str(CLAMP)), [{"image": x}])[0], ort_run(out, [{"image": x}])[0]
+    assert sqnr_db(ref, got) > 30
+    doc = res.to_json()
+    json.dumps(doc, allow_nan=False)
+    assert doc["schema"] == "workbench.repair/1" and doc["model"] == str(out)
+    assert doc["before"]["outputs"]["logits"]["diverged"] and not doc["after"]["outputs"]["logits"]["diverged"]
+    assert [e["kept"] for e in doc["evaluations"]][:2] == [[], [BN]]
+    assert doc["verification"]["independent"]["met"] and "ref" in doc["verification"]["independent"]["engine"]
+    assert doc["builds"] == sum(v for k, v in doc["builds_detail"].items() if k != "comparison")
+
+
+def test_external_data_mlp_keeps_its_flushed_matmul(tmp_path):
+    model = SAMPLES / "external_data" / "mlp_external.onnx"
+    res = repair(str(model), "ort", "ort:fp16", out=tmp_path / "fixed.onnx")
+    assert res.met and res.kept == ["/fc2/MatMul"]
+    fixed = onnx.load(str(tmp_path / "fixed.onnx"))
+    w = constant_of(fixed, node_named(fixed, "/fc2/MatMul").input[1])
+    assert w.data_type == onnx.TensorProto.FLOAT and np.abs(numpy_helper.to_array(w)).min() > 0  # not flushed
+    x = np.random.default_rng(0).standard_normal((1, 32)).astype(np.float32)
+    (ref,), (got,) = ort_run(onnx.load(str(model)), [{"x": x}])[0], ort_run(fixed, [{"x": x}])[0]
+    assert sqnr_db(ref, got) > 30
+
+
+def test_int8_outlier_needs_the_outlier_path_unquantized(tmp_path):
+    """The outlier column of /mlp/fc2/Add crushes every ordinary value of that tensor's INT8 view. Dropping the
+    Q/DQ on fc2/Add's output lets relu2 read float, and keeping fc3/MatMul lets it read relu2's float output
+    (past relu2's own Q/DQ, whose scale the outlier sets too) with float weights: both are needed."""
+    model = SAMPLES / "int8_outlier.onnx"
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
+    res = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "fixed.onnx")
+    assert res.met and res.kind == "qdq"
+    assert sorted(res.kept) == ["/mlp/fc2/Add", "/mlp/fc3/MatMul"]
+    fixed = onnx.load(str(tmp_path / "fixed.onnx"))
+    consumers = [n for n in fixed.graph.node if "/mlp/fc2/Add_output_0" in n.input]
+    assert [n.op_type for n in consumers] == ["Identity"] or all(n.op_type != "QuantizeLinear" for n in consumers)
+    fc3 = node_named(fixed, "/mlp/fc3/MatMul")
+    assert constant_of(fixed, fc3.input[1]).data_type == onnx.TensorProto.FLOAT  # the reference's float weight
+    refs = ort_run(onnx.load(str(model)), feeds)  # calibration and judgement feeds alike
+    for r, c in zip(refs, ort_run(fixed, feeds)):
+        assert norm_mean_abs(r[0], c[0]) < 0.1
+    # 1-minimal: either node alone fails (the truth computed with onnxruntime directly)
+    plan_ref, cand = res.plan.ref_model, res.plan.cand_model
+    for alone in res.kept:
+        got = ort_run(remove_qdq(cand, plan_ref, [alone]), feeds)
+        assert max(norm_mean_abs(r[0], c[0]) for r, c in zip(refs, got)) > 0.1
+
+
+def test_overflowing_conv_keeps_its_consumer_wide(tmp_path):
+    """ref:fp16 (numpy FP16 arithmetic): /stage2/conv/Conv's values exceed 65504, so its FP32 island alone would
+    overflow when cast back; the consumer that scales them down stays FP32 too."""
+    res = repair(str(SAMPLES / "cnn_fp16_overflow.onnx"), "ref", "ref:fp16", out=tmp_path / "fixed.onnx",
+                 verify="ort")
+    assert res.met and res.kept == ["/stage2/conv/Conv", "/stage2/scale/Mul"] and res.minimal
+    assert res.verification["independent"]["engine"] == "ort"
+
+
+def test_build_budget_is_respected_and_cancel_stops():
+    import threading
+
+    from workbench.core.progress import Cancelled
+
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
+    res = repair(str(SAMPLES / "int8_outlier.onnx"), "ort", "ort:int8", feeds=feeds, max_builds=1, verify=None)
+    assert not res.met and res.exit_code == 1 and res.builds_detail["search"] == 1
+    assert any("budget" in n for n in res.notes)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        repair(str(CLAMP), "ort", "ort:fp16", cancel=cancel, verify=None)
+
+
+# --- islands ------------------------------------------------------------------------------------------------------
+def _plan(model, cand, **kw):
+    from workbench.compare.plan import ComparisonPlan
+
+    return ComparisonPlan(str(model), "ort" if cand.startswith("ort") else "ref", cand, **kw)
+
+
+def test_islands_leave_inputs_alone_and_pass_fp32_between_adjacent_nodes():
+    plan = _plan(SAMPLES / "transformer_block.onnx", "ref:fp16", feeds=SAMPLES / "transformer_block_inputs.npz")
+    cand_bytes, ref_bytes = plan.cand_model.SerializeToString(), plan.ref_model.SerializeToString()
+    fixed = keep_fp32_islands(plan.cand_model, plan.ref_model, ["/block/ln2/Pow", "/block/ln2/ReduceMean_1"])
+    assert plan.cand_model.SerializeToString() == cand_bytes and plan.ref_model.SerializeToString() == ref_bytes
+    onnx.checker.check_model(fixed)
+    pow_node, mean = node_named(fixed, "/block/ln2/Pow"), node_named(fixed, "/block/ln2/ReduceMean_1")
+    assert mean.input[0] == pow_node.output[0]  # no Cast between adjacent kept nodes
+    producer = {o: n for n in fixed.graph.node for o in n.output}
+    # outputs go back to FP16 under their original names: consumers unchanged
+    assert producer["/block/ln2/ReduceMean_1_output_0"].op_type == "Cast"
+    assert node_named(fixed, "/block/ln2/Add").input[0] == "/block/ln2/ReduceMean_1_output_0"
+    inferred = onnx.shape_inference.infer_shapes(fixed)
+    types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}
+    assert types[pow_node.output[0]] == onnx.TensorProto.FLOAT
+
+
+def test_switchable_model_computes_what_the_built_model_computes():
+    """Same arithmetic, node for node (graph optimisations off: with them on, ORT fuses Conv+BatchNormalization
+    only where the Conv output has one consumer, which the switch's extra reader prevents -- a 1e-3 difference
+    on this broken model; the repaired model is therefore always verified as built)."""
+    plan = _plan(CLAMP, "ort:fp16")
+    builder = IslandBuilder(plan.cand_model, plan.ref_model)
+    model, flags = builder.switchable([BN, "/relu/Relu"])
+    assert set(flags) == {BN, "/relu/Relu"}
+    session = ort_session(model, optimize=False)
+    feed = plan.cand_feeds[0]
+    for kept in ([], [BN], [BN, "/relu/Relu"], ["/relu/Relu"]):
+        switched = session.run(None, {**feed, **{f: np.array(n in kept) for n, f in flags.items()}})[0]
+        built = ort_run(builder.build(kept), [feed], optimize=False)[0][0]
+        np.testing.assert_array_equal(switched, built)
+
+
+def test_unknown_or_constant_node_is_refused():
+    plan = _plan(CLAMP, "ort:fp16")
+    with pytest.raises(RepairError, match="not in the candidate"):
+        keep_fp32_islands(plan.cand_model, plan.ref_model, ["/no/such/node"])
+    with pytest.raises(RepairError, match="DequantizeLinear|Constant|QuantizeLinear"):
+        q = _plan(SAMPLES / "int8_outlier.onnx", "ort:int8")
+        remove_qdq(q.cand_model, q.ref_model, ["x_DequantizeLinear"])
+
+
+# --- targets ------------------------------------------------------------------------------------------------------
+METRIC = '''
+import numpy as np
+
+def cosine(ref, cand):
+    r, c = ref["logits"].ravel().astype(np.float64), cand["logits"].ravel().astype(np.float64)
+    return float(r @ c / (np.linalg.norm(r) * np.linalg.norm(c)))
+
+def close(ref, cand):
+    return bool(np.allclose(ref["logits"], cand["logits"], rtol=1e-2, atol=1e-2))
+'''
+
+
+def test_task_metric_target(tmp_path):
+    path = tmp_path / "task_metric.py"
+    path.write_text(METRIC)
+    res = repair(str(CLAMP), "ort", "ort:fp16", metric=f"{path}:cosine", target=">=0.9999", verify=None)
+    assert res.met and res.kept == [BN]
+    assert res.before["value"] < 0.9999 <= res.after["value"]
+    assert res.target["kind"] == "metric" and res.target["op"] == ">="
+    res = repair(str(CLAMP), "ort", "ort:fp16", metric=f"{path}:close", verify=None)
+    assert res.met and res.kept == [BN] and res.after["value"] == 1.0
+
+
+def test_unreachable_target_exits_1_with_the_best_set(tmp_path, capsys):
+    out = tmp_path / "fixed.onnx"
+    code = main(["repair", str(CLAMP), "--out", str(out), "--target", "sqnr_db<200", "--verify", "none",
+                 "--json", str(tmp_path / "r.json")])
+    assert code == 1 and out.is_file()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["met"] is False and doc["kept"] == [BN] and doc["target"]["criterion"] == "sqnr_db<200"
+
+
+# --- the command line ---------------------------------------------------------------------------------------------
+def test_cli_repairs_a_users_own_fp16_file_and_its_bundle_reruns(tmp_path, capsys):
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    user = tmp_path / "mine.fp16.onnx"
+    onnx.save(convert_float_to_float16(onnx.load(str(CLAMP)), keep_io_types=True), str(user))
+    out, js, bundle = tmp_path / "fixed.onnx", tmp_path / "repair.json", tmp_path / "bundle"
+    code = main(["repair", str(CLAMP), "--ref", "ort", "--cand", "ort", "--cand-model", str(user), "--out", str(out),
+                 "--json", str(js), "--bundle", str(bundle)])
+    assert code == 0
+    doc = json.loads(js.read_text())
+    assert doc["schema"] == "workbench.repair/1" and doc["kept"] == [BN] and doc["met"]
+    for key in ("builds", "target", "before", "after", "evaluations", "model"):
+        assert key in doc
+    assert doc["bundle"]["diverged"] is False
+    # the repaired file is the user's file with the minimal edits: every other node is untouched
+    mine, fixed = onnx.load(str(user)), onnx.load(str(out))
+    untouched = {n.name: n for n in mine.graph.node if n.name != BN}
+    assert all(n == node_named(fixed, name) for name, n in untouched.items())
+    assert main(["rerun", str(bundle)]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "/no/such/node"], "not in the candidate"),
+    (["--metric", "no_such_module_xyz:fn"], "cannot import metric module"),
+    (["--metric", "json:no_such_function"], "has no function"),
+    (["--target", "sqnr_db>30"], "criterion"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
+    code = main(["repair", str(CLAMP), "--out", str(tmp_path / "fixed.onnx"), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "fixed.onnx").exists()
+
+
+def test_out_equal_to_the_input_is_refused(tmp_path, capsys):
+    copy = tmp_path / "model.onnx"
+    copy.write_bytes(CLAMP.read_bytes())
+    before = copy.read_bytes()
+    assert main(["repair", str(copy), "--out", str(copy)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "refusing to overwrite" in err and len(err.splitlines()) == 1
+    assert copy.read_bytes() == before
+
+
+# --- real models: PP-OCR detectors whose FP16 conversions break one BatchNormalization ---------------------------
+DET_CASES = [("ppocr-det.ort.text", "ref"), ("ppocr-det.occ.text", None), ("ppocrv3-det.ort.text", None)]
+
+
+@pytest.fixture(scope="module")
+def corpus(model_cache, fetch_model):
+    import ocr_truth
+
+    return {c.id: c for c in ocr_truth.corpus_cases(model_cache.parent, fetch=fetch_model)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id, verify", DET_CASES)
+def test_real_detector_repair_keeps_the_clamped_batchnorm(corpus, tmp_path, case_id, verify):
+    import ocr_truth
+
+    from workbench.inputs import feeds_from
+
+    case = corpus[case_id]
+    assert not case.healthy and case.culprit_node
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(case.fp32), "ort", "ort", cand_model=str(case.fp16), feeds=str(case.feeds_dir), out=out,
+                 verify=verify)
+    assert res.met, res.render()
+    assert 1 <= len(res.kept) <= 3 and case.culprit_node in res.kept, res.render()
+    if verify:
+        assert res.verification["independent"]["met"], res.verification
+    fixed = onnx.load(str(out))
+    onnx.checker.check_model(fixed, full_check=True)
+    assert weight_share_fp16(fixed) >= 0.90
+    # the task's answer: onnxruntime on the saved model, DB text mask decoded by ocr_truth
+    feeds = feeds_from(str(case.feeds_dir))
+    truth = ocr_truth.task_truth("det", ocr_truth.run_model(case.fp32, feeds), ocr_truth.run_model(out, feeds))
+    assert truth["healthy"] and truth["detail"]["max_flip_fraction"] < 0.005, truth

@@ -1,0 +1,874 @@
+"""Reduce a divergence to a standalone bug report: the smallest subgraph around the culprit, on both sides.
+
+``reduce(model, "ort", "ort:fp16", out="bug/")`` compares the two sides, takes the top harmful culprit (or
+``node=``) and writes into ``bug/``:
+
+- ``reference.onnx``: the reference node(s) alone; their non-constant inputs become graph inputs, initializers
+  and Constant inputs are embedded (no external data);
+- ``candidate.onnx``: the candidate's computation of the same tensor(s) from the same boundary: the node plus
+  whatever the candidate inserted around it (Casts, Q/DQ), from the precision variant or the user's own file
+  (:func:`workbench.compare.isolate.build_isolation`), its inputs renamed to the reference's tensor names;
+- ``inputs.npz``: the reference's values of those inputs; ``expected.npz``: the reference's values of the
+  outputs;
+- ``README.md``: versions, the command, the node(s), the measured divergence and a Python snippet that needs
+  only onnxruntime and numpy.
+
+The pair is checked exactly as the README does it: fresh ONNX Runtime CPU sessions (default options) from the
+written files, fed ``inputs.npz`` cast to each model's declared input types, compared with ``expected.npz`` and
+with each other under the comparison's criterion. When the node alone does not reproduce, the subgraph grows
+one producer at a time (the one feeding the input with the worst received error) up to ``max_nodes`` reference
+nodes. A candidate engine other than ONNX Runtime runs ``candidate.onnx`` in the check (the README says which
+engine shows the divergence and what ONNX Runtime CPU gives).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ._atomic import atomic_write_bytes, atomic_write_text, umask
+from .compare.criterion import Criterion
+from .compare.isolate import IsolationModel, build_isolation
+from .core.metrics import ErrorStats
+from .errors import WorkbenchError
+from .model.walk import subgraphs_of
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "workbench.reduce/1"
+FILES = ("reference.onnx", "candidate.onnx", "inputs.npz", "expected.npz", "README.md")
+#: ONNX Runtime spec engines -> the execution provider the README snippet names
+ORT_PROVIDERS = {"ort": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider",
+                 "ort-trt": "TensorrtExecutionProvider"}
+#: input types the snippet casts inputs.npz to (other numpy-typed inputs are fed as stored)
+_CASTS = {"tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(double)": np.float64}
+#: element types numpy (and so an .npz and ORT's Python feed) holds natively; others get a Cast node
+_NUMPY_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT8, TensorProto.INT16,
+                TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32,
+                TensorProto.UINT64, TensorProto.BOOL}
+#: engines whose own package's version the README records
+_ENGINE_PACKAGES = {"openvino": "openvino", "torch": "torch", "trt": "tensorrt"}
+_ISO_PREFIX = re.compile(r"^iso\d+::")  # build_isolation's segment prefix
+_SHOWN = ("cosine", "max_abs", "nonfinite_mismatch")
+
+
+class ReduceError(WorkbenchError):
+    """The reduction cannot start or cannot build its models (bad --out, unknown node, nothing to reduce)."""
+
+
+@dataclass
+class Attempt:
+    """One subgraph tried: its reference nodes and the candidate's error against ``expected`` on them."""
+
+    nodes: list[str]
+    metrics: dict[str, Any]
+    reproduced: bool
+
+    def to_json(self) -> dict:
+        from .core.metrics import encode_metrics
+
+        return {"nodes": self.nodes, "metrics": encode_metrics(self.metrics), "reproduced": self.reproduced}
+
+
+@dataclass
+class ReduceResult:
+    """What :func:`reduce` wrote and measured. ``metrics``: candidate.onnx vs expected.npz (the worst output by
+    the criterion); ``pair_metrics``: candidate.onnx vs reference.onnx; ``reference_metrics``: reference.onnx vs
+    expected.npz (float round-off when the reference engine is ONNX Runtime CPU)."""
+
+    out: Path
+    node: str
+    op_type: str
+    nodes: list[str]
+    op_types: list[str]
+    candidate_nodes: list[str]
+    outputs: list[str]
+    inputs: list[str]
+    reproduced: bool
+    criterion: Criterion
+    metrics: dict[str, Any]
+    pair_metrics: dict[str, Any]
+    reference_metrics: dict[str, Any]
+    engine: str
+    max_nodes: int
+    command: str
+    files: dict[str, Path] = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)
+    ort_metrics: dict[str, Any] | None = None  # candidate.onnx on ORT CPU, when another engine ran the check
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """0: written and reproduces; 1: written but the divergence did not reproduce within ``max_nodes``."""
+        return 0 if self.reproduced else 1
+
+    def to_json(self) -> dict:
+        from .core.metrics import encode_metrics
+
+        return {"schema": SCHEMA, "out": str(self.out), "node": self.node, "op_type": self.op_type,
+                "nodes": self.nodes, "op_types": self.op_types, "candidate_nodes": self.candidate_nodes,
+                "outputs": self.outputs, "inputs": self.inputs, "reproduced": self.reproduced,
+                "criterion": self.criterion.to_json(), "metrics": encode_metrics(self.metrics),
+                "pair_metrics": encode_metrics(self.pair_metrics),
+                "reference_metrics": encode_metrics(self.reference_metrics), "engine": self.engine,
+                "ort_metrics": encode_metrics(self.ort_metrics) if self.ort_metrics is not None else None,
+                "max_nodes": self.max_nodes, "command": self.command,
+                "files": {k: str(v) for k, v in self.files.items()},
+                "attempts": [a.to_json() for a in self.attempts], "notes": self.notes}
+
+    def render(self) -> str:
+        """A few lines for the terminal."""
+        crit = self.criterion
+        lines = [f"reduced {self.node} ({self.op_type}) into {self.out}",
+                 f"  reference.onnx: {len(self.nodes)} node(s) {', '.join(self.op_types)}; candidate.onnx: "
+                 f"{len(self.candidate_nodes)} node(s) {', '.join(self.candidate_nodes)}",
+                 f"  candidate vs expected on {self.engine}: {_metrics_text(crit.metric, self.metrics)}"]
+        if self.reproduced:
+            lines.append(f"  reproduces alone ({crit.describe()})")
+        else:
+            lines.append(f"  NOT reproduced within {self.max_nodes} node(s): the pair passes {crit.describe()}; "
+                         "the divergence needs more of the graph (see README.md)")
+        if self.ort_metrics is not None:
+            lines.append(f"  on ONNX Runtime CPU: {_metrics_text(crit.metric, self.ort_metrics)}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# --- entry point ---------------------------------------------------------------------------------------------
+def reduce(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, cand_model: Any = None,
+           feeds: Any = None, node: str | None = None, out: str | os.PathLike, max_nodes: int = 3,
+           command: str | None = None, **compare_options: Any) -> ReduceResult:
+    """Write the smallest pair of models around ``node`` (default: the top harmful culprit) that reproduces the
+    divergence alone into the new folder ``out``; see the module docstring. ``compare_options``: the
+    comparison's options (criterion, seed, feed_count, input_shapes, ...). ``command``: the command line the
+    README records (default: the equivalent ``workbench reduce`` line)."""
+    from .compare.plan import ComparisonPlan
+
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+        raise ReduceError(f"max_nodes must be a whole number >= 1, not {max_nodes!r}")
+    dest = check_out(out)
+    command = command or command_line(model, reference, candidate, cand_model=cand_model, feeds=feeds, node=node,
+                                      out=dest, max_nodes=max_nodes, options=compare_options)
+    plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, **compare_options)
+    try:
+        return _Reducer(plan, dest, max_nodes, command).run(node)
+    finally:
+        plan.close()
+
+
+def check_out(out: str | os.PathLike) -> Path:
+    """``out`` as a Path, refused when it is a file or a non-empty folder."""
+    dest = Path(out).expanduser()
+    if dest.exists() and not dest.is_dir():
+        raise ReduceError(f"--out {dest} is a file", "name a new or empty folder")
+    if dest.is_dir() and any(dest.iterdir()):
+        raise ReduceError(f"--out {dest} is a folder that is not empty", "name a new or empty folder")
+    return dest
+
+
+def command_line(model: Any, reference: str, candidate: str, *, cand_model: Any = None, feeds: Any = None,
+                 node: str | None = None, out: Any = None, max_nodes: int = 3, options: dict | None = None) -> str:
+    """The ``workbench reduce`` command equivalent to a :func:`reduce` call."""
+    def text(value: Any, what: str) -> str:
+        return os.fspath(value) if isinstance(value, (str, os.PathLike)) else f"<{what}>"
+
+    args = ["workbench", "reduce", text(model, "model"), "--ref", str(reference), "--cand", str(candidate)]
+    if cand_model is not None:
+        args += ["--cand-model", text(cand_model, "candidate model")]
+    if feeds is not None:
+        args += ["--inputs", text(feeds, "feeds")]
+    if node:
+        args += ["--node", node]
+    opts = options or {}
+    if opts.get("criterion") is not None:
+        crit = opts["criterion"]
+        args += ["--criterion", crit.text() if isinstance(crit, Criterion) else str(crit)]
+    if opts.get("input_shapes"):
+        args += ["--input-shapes", *(f"{k}:[{','.join(str(d) for d in v)}]" for k, v in opts["input_shapes"].items())]
+    if opts.get("seed"):
+        args += ["--seed", str(opts["seed"])]
+    if opts.get("feed_count", 1) != 1:
+        args += ["--feeds", str(opts["feed_count"])]
+    if opts.get("keep_fp32"):
+        args += ["--keep-fp32", *opts["keep_fp32"]]
+    if max_nodes != 3:
+        args += ["--max-nodes", str(max_nodes)]
+    args += ["--out", text(out, "folder")]
+    return shlex.join(args)
+
+
+# --- the reduction -------------------------------------------------------------------------------------------
+@dataclass
+class _Pair:
+    nodes: list[str]  # reference nodes, topological order
+    targets: list[str]  # reference tensors both models output
+    reference: onnx.ModelProto
+    candidate: onnx.ModelProto
+    inputs: list[str]  # reference tensors either model reads
+
+
+@dataclass
+class _Measured:
+    feed: int
+    cand: dict[str, Any]  # candidate vs expected (worst output)
+    pair: dict[str, Any]  # candidate vs reference.onnx
+    ref: dict[str, Any]  # reference.onnx vs expected
+    reproduced: bool
+    ort: dict[str, Any] | None = None  # candidate on ORT CPU vs expected, when the candidate engine is not ORT CPU
+
+
+class _Reducer:
+    def __init__(self, plan, out: Path, max_nodes: int, command: str):
+        self.plan, self.out, self.max_nodes, self.command = plan, out, max_nodes, command
+        self.crit: Criterion = plan.criterion
+        self.graph = plan.ref_graph
+        self.values: list[dict[str, np.ndarray]] = [dict(f) for f in plan.feeds]
+        self.result = None
+        self.notes: list[str] = []
+        self._ref_types: dict | None = None
+        self.ref_consts = _constant_outputs(plan.ref_model)
+        self.cand_consts = _constant_outputs(plan.cand_model)
+        self.cand_spec = plan.cand_spec
+        self.on_ort = plan.cand_spec.engine == "ort"  # the README snippet's own runtime runs the check
+
+    # nodes --------------------------------------------------------------------------------------------------
+    def pick(self, node: str | None) -> tuple[str, list[str]]:
+        """The reference node to reduce and the output tensors to compare (paired with the candidate's)."""
+        if node is None:
+            self.result = self.plan.run()
+            harmful = self.result.harmful_culprits
+            if not harmful:
+                some = [c for c in self.result.culprits if c.introduces_divergence]
+                hint = (f"every culprit is harmless to the outputs; pass --node {some[0].node} to reduce it anyway"
+                        if some else "nothing to reduce; pass --node NAME to reduce a node anyway")
+                raise ReduceError(f"no node introduces a harmful divergence between {self.plan.ref_spec} and "
+                                  f"{self.plan.cand_spec} ({self.crit.describe()})", hint)
+            top = harmful[0]
+            node, first = top.node, top.tensor
+        else:
+            first = None
+            try:
+                self.graph.node(node)
+            except KeyError:
+                node = self._node_from_tensor(node)
+        info = self.graph.node(node)
+        targets = [t for t in info.outputs if t and t in self.plan.pair_by_tensor]
+        if first in targets:
+            targets.remove(first)
+            targets.insert(0, first)
+        if not targets:
+            raise ReduceError(f"node {node!r} has no output the candidate model also computes",
+                              "pick a node whose output tensor exists on both sides")
+        return node, targets
+
+    def _node_from_tensor(self, name: str) -> str:
+        producer = self.graph.producer.get(name)
+        if producer is not None:
+            return producer
+        import difflib
+
+        close = difflib.get_close_matches(name, [n.name for n in self.graph.nodes], n=3)
+        raise ReduceError(f"unknown node {name!r} in the reference model",
+                          f"did you mean {', '.join(close)}?" if close else
+                          "pass a node name as `workbench compare` lists culprits")
+
+    # reference values ---------------------------------------------------------------------------------------
+    @property
+    def ref_types(self) -> dict:
+        if self._ref_types is None:
+            from .core.shapes import infer_shapes_lenient, value_types
+
+            self._ref_types = value_types(infer_shapes_lenient(self.plan.ref_model))
+        return self._ref_types
+
+    def need(self, names) -> None:
+        """Compute the reference's values of ``names`` for every feed (once)."""
+        missing = sorted({n for n in names if n not in self.values[0]})
+        if not missing:
+            return
+        log.info("reference values of %d tensor(s)", len(missing))
+        with self.plan.ref_engine.prepare(self.plan.ref_model, missing) as session:
+            for values, feed in zip(self.values, self.plan.feeds):
+                got = session.run(feed)
+                for name in missing:
+                    values[name] = self._ref_dtype(name, np.asarray(got[name]))
+
+    def _ref_dtype(self, name: str, value: np.ndarray) -> np.ndarray:
+        """A reference value in the type the reference model declares (the ``ref`` engine computes in float64)."""
+        tp = self.ref_types.get(name)
+        et = tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else 0
+        if et in _NUMPY_TYPES and value.dtype != helper.tensor_dtype_to_np_dtype(et):
+            return value.astype(helper.tensor_dtype_to_np_dtype(et))
+        return value
+
+    # building -----------------------------------------------------------------------------------------------
+    def build(self, nodes: set[str], targets: list[str]) -> _Pair:
+        plan, g = self.plan, self.graph
+        internal = {o for n in nodes for o in g.node(n).outputs if o} - set(targets)
+        ref_known = {t: t for t in (set(g.producer) | set(g.inputs)) if t not in internal and t not in self.ref_consts}
+        ref_iso = build_isolation(plan.ref_model, [targets[0]], ref_known, self.ref_types)
+        cand_known = {c: r for c, r in plan.known.items() if r not in internal and c not in self.cand_consts}
+        cand_targets = [plan.candidate_name(t) for t in targets]
+        cand_iso = build_isolation(plan.cand_model, [cand_targets[0]], cand_known, plan.cand_types)
+        for side, iso, first in (("reference", ref_iso, targets[0]), ("candidate", cand_iso, cand_targets[0])):
+            if first in iso.skipped:
+                raise ReduceError(f"cannot cut the {side} side of {sorted(nodes)} out of its model: "
+                                  f"{iso.skipped[first]}", "pick another node with --node")
+        got = {_ISO_PREFIX.sub("", n.name) for n in ref_iso.model.graph.node if n.op_type != "Constant"}
+        if got != nodes:
+            log.debug("reference segment %s differs from the chosen nodes %s", sorted(got), sorted(nodes))
+        kept = _extra_outputs(ref_iso, targets, targets)
+        cand_kept = _extra_outputs(cand_iso, cand_targets, targets)
+        both = [t for t in targets if t in kept.values() and t in cand_kept.values()]
+        inputs = sorted(set(ref_iso.boundary.values()) | set(cand_iso.boundary.values()))
+        self.need(set(inputs) | set(both))
+        specs = {n: _spec(n, [v[n] for v in self.values]) for n in set(inputs) | set(both)}
+        ref = _standalone(ref_iso, {k: v for k, v in kept.items() if v in both}, specs, "reference")
+        cand = _standalone(cand_iso, {k: v for k, v in cand_kept.items() if v in both}, specs, "candidate")
+        order = {n.name: n.topo_index for n in g.nodes}
+        return _Pair(sorted(nodes, key=order.get), both, ref, cand, inputs)
+
+    # measuring ----------------------------------------------------------------------------------------------
+    def measure(self, pair: _Pair, ref_model: Any, cand_model: Any, feeds: list[int]) -> _Measured:
+        """Run both models on the given feeds (``*_model``: serialized bytes or file paths, as the README runs
+        them); the worst feed by the criterion."""
+        best: _Measured | None = None
+        for k in feeds:
+            inputs = {n: self.values[k][n] for n in pair.inputs}
+            expected = {t: self.values[k][t] for t in pair.targets}
+            m = self._measure_one(k, ref_model, cand_model, pair.candidate, inputs, expected)
+            if best is None or (m.reproduced, self.crit.badness(m.cand)) > (best.reproduced,
+                                                                            self.crit.badness(best.cand)):
+                best = m
+        return best
+
+    def _measure_one(self, k: int, ref_model, cand_model, cand_proto, inputs, expected) -> _Measured:
+        ref_out = _ort_or_fail("reference.onnx", ref_model, inputs)
+        ort_out = _ort_or_fail("candidate.onnx", cand_model, inputs) if self.on_ort else None
+        cand_out = ort_out if ort_out is not None else self._run_engine(cand_proto, inputs)
+        cand = self._worst(expected, cand_out)
+        pair = self._worst({t: ref_out[t] for t in expected}, cand_out)
+        ref = self._worst(expected, ref_out)
+        reproduced = self.crit.diverged(cand) and self.crit.diverged(pair)
+        ort = None
+        if ort_out is None:
+            try:
+                ort = self._worst(expected, run_ort(cand_model, inputs))
+            except Exception as e:  # noqa: BLE001 - ORT CPU may not run what another engine runs; say so
+                ort = None
+                log.info("candidate.onnx does not run on ONNX Runtime CPU: %s", e)
+        return _Measured(k, cand, pair, ref, reproduced, ort)
+
+    def _run_engine(self, model: onnx.ModelProto, inputs: dict) -> dict[str, np.ndarray]:
+        from .core.feeds import input_dtypes
+
+        dtypes = input_dtypes(model)
+        with np.errstate(over="ignore", invalid="ignore"):
+            feed = {vi.name: np.asarray(inputs[vi.name]).astype(dtypes.get(vi.name, inputs[vi.name].dtype))
+                    for vi in model.graph.input}
+        with self.plan.cand_engine.prepare(model, [o.name for o in model.graph.output]) as session:
+            return session.run(feed)
+
+    def _worst(self, expected: dict, got: dict) -> dict:
+        worst = None
+        for name, value in expected.items():
+            m = ErrorStats().update(value, got[name]).metrics()
+            if worst is None or self.crit.badness(m) > self.crit.badness(worst):
+                worst = m
+        return worst
+
+    # growing ------------------------------------------------------------------------------------------------
+    def grow(self, nodes: set[str]) -> str | None:
+        """The producer to add next: of the subgraph's input with the worst received error; None when the
+        subgraph reads only graph inputs and constants."""
+        g = self.graph
+        frontier = []
+        for n in nodes:
+            for t in g.node(n).inputs:
+                p = g.producer.get(t) if t else None
+                if p is not None and p not in nodes and t not in self.ref_consts and t not in frontier:
+                    frontier.append(t)
+        if not frontier:
+            return None
+        received = self._received(frontier)
+        worst = max(frontier, key=lambda t: self.crit.badness(received[t]) if t in received else -math.inf)
+        log.info("growing by %s (its output %s arrives with %s)", g.producer[worst], worst,
+                 _metrics_text(self.crit.metric, received.get(worst, {})))
+        return g.producer[worst]
+
+    def _received(self, tensors: list[str]) -> dict[str, dict]:
+        """The candidate's full-run error on ``tensors`` (from the comparison when it ran, else measured now)."""
+        if self.result is not None:
+            known = {t.tensor: t.metrics for t in self.result.tensors}
+            if all(t in known for t in tensors):
+                return {t: known[t] for t in tensors}
+        plan = self.plan
+        names = {}
+        for t in tensors:
+            try:
+                names[t] = plan.candidate_name(t)
+            except WorkbenchError:
+                continue
+        self.need(names)
+        stats = {t: ErrorStats() for t in names}
+        with plan.cand_engine.prepare(plan.cand_model, sorted(set(names.values()))) as session:
+            for values, feed in zip(self.values, plan.cand_feeds):
+                got = session.run(feed)
+                for t, c in names.items():
+                    stats[t].update(values[t], got[c])
+        return {t: s.metrics() for t, s in stats.items()}
+
+    # the whole run ------------------------------------------------------------------------------------------
+    def run(self, node: str | None) -> ReduceResult:
+        node, targets = self.pick(node)
+        log.info("reducing %s (%s)", node, self.graph.node(node).op_type)
+        nodes, attempts = {node}, []
+        feeds = list(range(len(self.values)))
+        while True:
+            pair = self.build(nodes, targets)
+            m = self.measure(pair, pair.reference.SerializeToString(), pair.candidate.SerializeToString(), feeds)
+            attempts.append(Attempt(pair.nodes, m.cand, m.reproduced))
+            log.info("%d node(s): %s -> %s", len(nodes), _metrics_text(self.crit.metric, m.cand),
+                     "reproduces" if m.reproduced else "does not reproduce")
+            if m.reproduced or len(nodes) >= self.max_nodes:
+                break
+            more = self.grow(nodes)
+            if more is None:
+                self.notes.append("the subgraph reads only graph inputs and constants: it cannot grow further")
+                break
+            nodes.add(more)
+        return self.write(node, pair, m.feed, attempts)
+
+    def write(self, node: str, pair: _Pair, feed: int, attempts: list[Attempt]) -> ReduceResult:
+        """Write the files into a private folder beside ``out``, check them, then rename it into place."""
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent))
+        try:
+            result = self._write_into(stage, node, pair, feed, attempts)
+            os.chmod(stage, 0o777 & ~umask())
+            check_out(self.out)  # again: it may have filled up while the comparison ran
+            if self.out.is_dir():
+                self.out.rmdir()
+            os.replace(stage, self.out)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        result.files = {name: self.out / name for name in FILES}
+        log.info("wrote %s", self.out)
+        return result
+
+    def _write_into(self, folder: Path, node: str, pair: _Pair, feed: int, attempts: list[Attempt]) -> ReduceResult:
+        files = {name: folder / name for name in FILES}
+        inputs = {n: self.values[feed][n] for n in pair.inputs}
+        expected = {t: self.values[feed][t] for t in pair.targets}
+        atomic_write_bytes(files["reference.onnx"], pair.reference.SerializeToString())
+        atomic_write_bytes(files["candidate.onnx"], pair.candidate.SerializeToString())
+        atomic_write_bytes(files["inputs.npz"], npz_bytes(inputs))
+        atomic_write_bytes(files["expected.npz"], npz_bytes(expected))
+        # the check, from the written files, as the README does it
+        with np.load(files["inputs.npz"]) as fi, np.load(files["expected.npz"]) as fe:
+            stored_in = {k: fi[k] for k in fi.files}
+            stored_exp = {k: fe[k] for k in fe.files}
+        self.values = [{**stored_in, **stored_exp}]
+        m = self.measure(pair, os.fspath(files["reference.onnx"]), os.fspath(files["candidate.onnx"]), [0])
+        if m.reproduced != attempts[-1].reproduced:
+            self.notes.append("the check from the written files disagrees with the in-memory one")
+        info = self.graph.node(node)
+        if len(self.plan.feeds) > 1:
+            self.notes.append(f"inputs.npz holds the reference's tensors from feed {feed + 1} of "
+                              f"{len(self.plan.feeds)} (the one with the worst divergence)")
+        ref_err = m.ref.get(self.crit.metric)
+        if not _agrees(m.ref):
+            self.notes.append(f"reference.onnx on ONNX Runtime CPU differs from the {self.plan.ref_spec} engine's "
+                              f"values ({self.crit.metric} {_fmt(ref_err)})")
+        result = ReduceResult(
+            out=self.out, node=node, op_type=info.op_type, nodes=pair.nodes,
+            op_types=[self.graph.node(n).op_type for n in pair.nodes],
+            candidate_nodes=[n.op_type for n in pair.candidate.graph.node], outputs=pair.targets,
+            inputs=pair.inputs, reproduced=m.reproduced, criterion=self.crit, metrics=m.cand, pair_metrics=m.pair,
+            reference_metrics=m.ref, engine=self._engine_label(), max_nodes=self.max_nodes, command=self.command,
+            files=files, attempts=attempts, ort_metrics=m.ort, notes=self.notes)
+        atomic_write_text(files["README.md"], readme(result, self.plan))
+        return result
+
+    def _engine_label(self) -> str:
+        if self.on_ort:
+            return "ONNX Runtime CPU"
+        return str(self.cand_spec.engine)
+
+
+# --- models --------------------------------------------------------------------------------------------------
+def _constant_outputs(model: onnx.ModelProto) -> set[str]:
+    return {o for n in model.graph.node if n.op_type == "Constant" and not n.domain for o in n.output if o}
+
+
+def _extra_outputs(iso: IsolationModel, side_targets: list[str], ref_targets: list[str]) -> dict[str, str]:
+    """Isolation tensor -> reference target name, for every target the single segment computes (the first is
+    its output; the others are further outputs of the same nodes)."""
+    produced = {o for n in iso.model.graph.node for o in n.output if o}
+    prefix = next(iter(iso.outputs)).split("::", 1)[0] + "::" if iso.outputs else ""
+    kept = {}
+    for side, ref in zip(side_targets, ref_targets):
+        if prefix + side in produced:
+            kept[prefix + side] = ref
+    return kept
+
+
+def _spec(name: str, arrays: list[np.ndarray]) -> tuple[np.dtype, list[int | str]]:
+    """The dtype and shape of a tensor's values over the feeds: dims that differ between feeds are symbolic."""
+    shapes = {np.shape(a) for a in arrays}
+    first = np.shape(arrays[0])
+    if len(shapes) == 1:
+        return np.asarray(arrays[0]).dtype, list(first)
+    if len({len(s) for s in shapes}) > 1:
+        raise ReduceError(f"tensor {name!r} changes rank between feeds", "reduce with one feed (--feeds 1)")
+    dims = [d if all(s[i] == d for s in shapes) else f"{name}:{i}" for i, d in enumerate(first)]
+    return np.asarray(arrays[0]).dtype, dims
+
+
+def _standalone(iso: IsolationModel, outputs: dict[str, str], specs: dict[str, tuple[np.dtype, list]],
+                side: str) -> onnx.ModelProto:
+    """An isolation model made presentable: Constant nodes folded into initializers, inputs and outputs named
+    as the reference's tensors (inputs with the shapes the values have), other tensors and nodes without the
+    isolation prefix, only the functions it calls."""
+    model = iso.model
+    g = model.graph
+    _fold_constants(g)
+    inits = {t.name for t in g.initializer}
+    rename: dict[str, str] = {}
+    for vi in g.input:
+        rename[vi.name] = iso.boundary[vi.name]
+    rename.update(outputs)
+    clash = {r for r in rename.values() if r in inits}
+    for name in clash:
+        rename[name] = f"{name}__{side}_const"
+    taken = set(rename.values()) | (inits - clash)
+    for node in g.node:
+        node.name = _ISO_PREFIX.sub("", node.name)
+    for o in [o for n in g.node for o in n.output] + [t.name for t in g.initializer]:
+        if o and o not in rename and _ISO_PREFIX.match(o):
+            short = _ISO_PREFIX.sub("", o)
+            if short not in taken:
+                rename[o] = short
+                taken.add(short)
+    _rename(g, rename)
+    # inputs: the side's own type where numpy holds it, the values' shapes
+    types = {vi.name: vi.type for vi in g.input}
+    del g.input[:]
+    casts = []
+    for name in (iso.boundary[c] for c in iso.boundary):
+        dtype, shape = specs[name]
+        tp = types.get(name)
+        et = tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else 0
+        own = helper.np_dtype_to_tensor_dtype(dtype)
+        if et and et not in _NUMPY_TYPES:
+            cast_to = f"{name}::as_{TensorProto.DataType.Name(et).lower()}"
+            casts.append(helper.make_node("Cast", [name], [cast_to], name=f"{name}/Cast", to=et))
+            _rename_reads(g, {name: cast_to})
+            et = own
+        g.input.append(helper.make_tensor_value_info(name, et or own, shape))
+    for i, node in enumerate(casts):
+        g.node.insert(i, node)
+    # outputs: keep only the requested ones, typed
+    old = {vi.name: vi for vi in g.output}
+    del g.output[:]
+    for name in outputs.values():
+        vi = onnx.ValueInfoProto()
+        vi.name = name
+        if name in old and old[name].type.WhichOneof("value"):
+            vi.type.CopyFrom(old[name].type)
+        g.output.append(vi)
+    _type_outputs(model, specs)
+    used = _used_functions(model)
+    kept = [f for f in model.functions if (f.domain, f.name) in used]
+    del model.functions[:]
+    model.functions.extend(kept)
+    g.name = f"workbench_reduce_{side}"
+    model.producer_name = "onnx-drift-workbench"
+    from . import __version__
+
+    model.producer_version = __version__
+    model.doc_string = f"{side} side of a divergence reduced by `workbench reduce`"
+    for t in g.initializer:
+        if t.data_location == TensorProto.EXTERNAL or t.external_data:
+            raise ReduceError(f"initializer {t.name!r} still points to external data",
+                              "load the model with its weight files next to it")
+    return model
+
+
+def _fold_constants(g: onnx.GraphProto) -> None:
+    """Constant nodes with a tensor value become initializers."""
+    from onnx import numpy_helper
+
+    keep = []
+    for node in g.node:
+        if node.op_type != "Constant" or node.domain or len(node.attribute) != 1:
+            keep.append(node)
+            continue
+        attr = node.attribute[0]
+        if attr.name == "value":
+            t = TensorProto()
+            t.CopyFrom(attr.t)
+        elif attr.name in ("value_float", "value_floats", "value_int", "value_ints"):
+            value = helper.get_attribute_value(attr)
+            dtype = np.float32 if "float" in attr.name else np.int64
+            t = numpy_helper.from_array(np.asarray(value, dtype=dtype))
+        else:
+            keep.append(node)
+            continue
+        t.name = node.output[0]
+        g.initializer.append(t)
+    if len(keep) != len(g.node):
+        del g.node[:]
+        g.node.extend(keep)
+
+
+def _rename(g: onnx.GraphProto, rename: dict[str, str]) -> None:
+    for vi in list(g.input) + list(g.output):
+        vi.name = rename.get(vi.name, vi.name)
+    for t in g.initializer:
+        t.name = rename.get(t.name, t.name)
+    for node in g.node:
+        for i, name in enumerate(node.output):
+            if name in rename:
+                node.output[i] = rename[name]
+    _rename_reads(g, rename)
+
+
+def _rename_reads(g: onnx.GraphProto, rename: dict[str, str]) -> None:
+    """Rename what nodes (and their subgraphs, for outer-scope names) read."""
+    for node in g.node:
+        for i, name in enumerate(node.input):
+            if name in rename:
+                node.input[i] = rename[name]
+        for _, sub in subgraphs_of(node):
+            local = {t.name for t in sub.initializer} | {vi.name for vi in sub.input} | {
+                o for n in sub.node for o in n.output}
+            inner = {k: v for k, v in rename.items() if k not in local}
+            if inner:
+                _rename_reads(sub, inner)
+
+
+def _type_outputs(model: onnx.ModelProto, specs: dict[str, tuple[np.dtype, list]]) -> None:
+    """Give untyped outputs the type shape inference finds (the value's, for a reference tensor, otherwise)."""
+    g = model.graph
+    if all(vi.type.WhichOneof("value") for vi in g.output):
+        return
+    try:
+        inferred = {vi.name: vi.type for vi in onnx.shape_inference.infer_shapes(model).graph.output}
+    except Exception as e:  # noqa: BLE001 - best effort: a contrib op may stop onnx's inference
+        log.debug("shape inference of the reduced model failed: %s", e)
+        inferred = {}
+    for vi in g.output:
+        if vi.type.WhichOneof("value"):
+            continue
+        if vi.name in inferred and inferred[vi.name].tensor_type.elem_type:
+            vi.type.CopyFrom(inferred[vi.name])
+        elif vi.name in specs:
+            vi.type.CopyFrom(helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(specs[vi.name][0]), None))
+
+
+def _used_functions(model: onnx.ModelProto) -> set[tuple[str, str]]:
+    from .model.walk import iter_nodes
+
+    defined = {(f.domain, f.name): f for f in model.functions}
+    used: set[tuple[str, str]] = set()
+    stack = [(n.domain, n.op_type) for n in iter_nodes(model.graph)]
+    while stack:
+        key = stack.pop()
+        if key in defined and key not in used:
+            used.add(key)
+            stack += [(n.domain, n.op_type) for n in defined[key].node]
+    return used
+
+
+# --- running and files ---------------------------------------------------------------------------------------
+def run_ort(model: str | bytes, inputs: dict[str, np.ndarray], provider: str = "CPUExecutionProvider"
+            ) -> dict[str, np.ndarray]:
+    """Run ``model`` as the README snippet does: a fresh ONNX Runtime session with default options, every input
+    cast to the type the model declares."""
+    import onnxruntime as ort
+
+    providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
+    session = ort.InferenceSession(model, providers=providers)
+    with np.errstate(over="ignore", invalid="ignore"):
+        feed = {i.name: np.asarray(inputs[i.name]).astype(_CASTS.get(i.type, inputs[i.name].dtype))
+                for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feed)))
+
+
+def _ort_or_fail(what: str, model: str | bytes, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    try:
+        return run_ort(model, inputs)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's errors share no base class worth naming
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ReduceError(f"{what} does not run on ONNX Runtime CPU: {first}",
+                          "pick another node with --node, or report the failure itself") from e
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """An uncompressed .npz of ``arrays`` (any names, never pickled), as bytes."""
+    from numpy.lib import format as npy_format
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
+                npy_format.write_array(fh, np.asarray(value), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _agrees(metrics: dict) -> bool:
+    """Float round-off: reference.onnx on ORT CPU against the reference engine's values."""
+    sqnr = metrics.get("sqnr_db")
+    return not (metrics.get("nonfinite_mismatch") or 0) and (sqnr is None or sqnr > 60)
+
+
+# --- README --------------------------------------------------------------------------------------------------
+_METRIC_CODE = {
+    "sqnr_db": "10 * np.log10(np.sum(e ** 2) / np.sum(d ** 2))",
+    "cosine": "np.sum(e * g) / np.sqrt(np.sum(e ** 2) * np.sum(g ** 2))",
+    "max_abs": "np.abs(d).max(initial=0)",
+    "mean_abs": "np.abs(d).mean()",
+    "norm_max_abs": "np.abs(d).max(initial=0) / np.abs(e).max(initial=0)",
+    "norm_mean_abs": "np.abs(d).sum() / np.abs(e).sum()",
+    "max_rel": "(np.abs(d)[e != 0] / np.abs(e[e != 0])).max(initial=0)",
+}
+
+
+def snippet(metric: str = "sqnr_db", provider: str = "CPUExecutionProvider") -> str:
+    """Python that runs the folder's pair with onnxruntime and prints the metric (run it in the folder)."""
+    code = _METRIC_CODE.get(metric, _METRIC_CODE["sqnr_db"])
+    providers = f'["{provider}"]' if provider == "CPUExecutionProvider" else f'["{provider}", "CPUExecutionProvider"]'
+    return f'''import numpy as np
+import onnxruntime as ort
+
+inputs, expected = np.load("inputs.npz"), np.load("expected.npz")
+CASTS = {{"tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(double)": np.float64}}
+
+def run(path):
+    s = ort.InferenceSession(path, providers={providers})
+    feed = {{i.name: inputs[i.name].astype(CASTS.get(i.type, inputs[i.name].dtype)) for i in s.get_inputs()}}
+    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feed)))
+
+outs = {{"reference": run("reference.onnx"), "candidate": run("candidate.onnx")}}
+with np.errstate(all="ignore"):
+    for name in expected.files:
+        for side, out in outs.items():
+            e, g = expected[name].astype(np.float64), out[name].astype(np.float64)
+            ok = np.isfinite(e) & np.isfinite(g)
+            bad = np.count_nonzero(~ok & ~((e == g) | (np.isnan(e) & np.isnan(g))))
+            e, g = e[ok], g[ok]
+            d = g - e
+            print(f"{{side}} vs expected {{name}}: {metric} {{{code}:.4g}}, "
+                  f"max_abs {{np.abs(d).max(initial=0):.4g}}, non-finite mismatches {{bad}}")
+'''
+
+
+def _engine_snippet(plan) -> str:
+    spec = plan.cand_spec
+    opts = {"precision": "native"} if spec.engine == "ref" and spec.variant != "fp32" else {}
+    args = "".join(f", {k}={v!r}" for k, v in opts.items())
+    return f'''import numpy as np
+import onnx
+from workbench.core.feeds import input_dtypes
+from workbench.engines import get_engine
+
+inputs = np.load("inputs.npz")
+model = onnx.load("candidate.onnx")
+feed = {{k: inputs[k].astype(t) for k, t in input_dtypes(model).items()}}
+with get_engine({spec.engine!r}{args}).prepare(model, [o.name for o in model.graph.output]) as session:
+    candidate = session.run(feed)  # compare with np.load("expected.npz") as above
+'''
+
+
+def readme(result: ReduceResult, plan) -> str:
+    """The bug report's README.md."""
+    from .report.env import package_versions
+
+    crit = result.criterion
+    wanted = {"workbench", "onnx", "onnxruntime", "onnxruntime-gpu", "numpy", "onnxconverter-common",
+              _ENGINE_PACKAGES.get(plan.cand_spec.engine), _ENGINE_PACKAGES.get(plan.ref_spec.engine)}
+    versions = {"python": platform.python_version(),
+                **{k: v for k, v in package_versions().items() if k in wanted}}
+    model = plan.original
+    status = ("reproduces the divergence on its own" if result.reproduced else
+              f"does NOT reproduce the divergence on its own within {result.max_nodes} reference node(s): the "
+              "divergence needs more of the graph than this pair")
+    ref_nodes = ", ".join(f"`{n}` ({op})" for n, op in zip(result.nodes, result.op_types))
+    rows = [("candidate.onnx vs expected.npz", result.metrics), ("candidate.onnx vs reference.onnx",
+                                                                 result.pair_metrics),
+            ("reference.onnx vs expected.npz", result.reference_metrics)]
+    lines = [
+        f"# Divergence reproducer: `{result.node}` ({result.op_type})", "",
+        f"This pair {status}: {_metrics_text(crit.metric, result.metrics)} (criterion: {crit.describe()}).", "",
+        f"- model: `{model.name}` (sha256 {model.fingerprint[:16]}...)",
+        f"- reference: `{plan.ref_spec}`; candidate: `{plan.cand_spec}`"
+        + (f" from the user's file `{plan.variant_info.get('file')}`" if plan.cand_source is not None else
+           " (the workbench's variant of the model)"),
+        f"- reference.onnx: {len(result.nodes)} node(s): {ref_nodes}",
+        f"- candidate.onnx: {len(result.candidate_nodes)} node(s): {', '.join(result.candidate_nodes)}",
+        f"- inputs.npz: the reference's values of {', '.join(f'`{n}`' for n in result.inputs) or 'nothing'}",
+        f"- expected.npz: the reference's values of {', '.join(f'`{n}`' for n in result.outputs)}",
+        f"- made with: `{result.command}`", "",
+        f"## Measured divergence ({result.engine})", "",
+        f"| | {crit.metric} | " + " | ".join(m for m in _SHOWN if m != crit.metric) + " |",
+        "|---|" + "---|" * (1 + len([m for m in _SHOWN if m != crit.metric])),
+    ]
+    for label, m in rows:
+        lines.append(f"| {label} | {_fmt(m.get(crit.metric))} | "
+                     + " | ".join(_fmt(m.get(k)) for k in _SHOWN if k != crit.metric) + " |")
+    if len(result.outputs) > 1:
+        lines += ["", "With several outputs, each row shows the worst one by the criterion."]
+    if result.ort_metrics is not None:
+        lines += ["", f"The divergence shows on the `{plan.cand_spec.engine}` engine. ONNX Runtime CPU on "
+                  f"candidate.onnx gives {_metrics_text(crit.metric, result.ort_metrics)} against expected.npz "
+                  f"({'it reproduces there too' if crit.diverged(result.ort_metrics) else 'it does not show there'})."]
+    elif result.ort_metrics is None and plan.cand_spec.engine not in ("ort",) and \
+            plan.cand_spec.engine not in ORT_PROVIDERS:
+        lines += ["", f"The divergence was measured on the `{plan.cand_spec.engine}` engine; candidate.onnx does not "
+                  "run on ONNX Runtime CPU."]
+    provider = ORT_PROVIDERS.get(plan.cand_spec.engine, "CPUExecutionProvider")
+    lines += ["", "## Reproduce", "", "A fresh Python with only numpy and onnxruntime, run in this folder:", "",
+              "```python", snippet(crit.metric, provider).rstrip(), "```"]
+    if plan.cand_spec.engine not in ORT_PROVIDERS:
+        lines += ["", f"The candidate as the `{plan.cand_spec}` engine runs it (needs onnx-drift-workbench):", "",
+                  "```python", _engine_snippet(plan).rstrip(), "```"]
+    if len(result.attempts) > 1:
+        lines += ["", "## Subgraphs tried", ""]
+        lines += [f"- {len(a.nodes)} node(s) {', '.join(a.nodes)}: {_metrics_text(crit.metric, a.metrics)} "
+                  f"({'reproduces' if a.reproduced else 'does not reproduce'})" for a in result.attempts]
+    if result.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
+    lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in versions.items()]
+    lines.append(f"- platform: {platform.platform()}")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _metrics_text(metric: str, m: dict) -> str:
+    parts = [f"{metric} {_fmt(m.get(metric))}"] + [f"{k} {_fmt(m.get(k))}" for k in _SHOWN if k != metric]
+    return ", ".join(parts)

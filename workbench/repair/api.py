@@ -1,0 +1,245 @@
+"""``repair()``: the smallest set of nodes to keep in reference precision so that the candidate meets a target.
+
+Steps: compare (culprits ranked, impact measured) -> pool of culprits -> search (grow, binary search, shrink to
+1-minimal) -> build the repaired model -> verify it on the candidate engine and on an independent one -> check
+it with onnx's checker -> save it atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ..compare.plan import ComparisonPlan
+from ..core.progress import Progress, Steps
+from ..errors import EngineRunError, EngineUnavailableError
+from .evaluate import Evaluator
+from .graph import RepairError
+from .islands import IslandBuilder
+from .result import RepairResult
+from .search import best_unmet, candidate_pool, search
+from .target import Target
+from .weights import precision_share
+
+log = logging.getLogger(__name__)
+
+#: compare() options repair uses unless given: a long culprit list, impact measured on the top ones
+COMPARE_DEFAULTS = {"max_culprits": 64, "impact": 8}
+BATCH = ("auto", "switch", "build")
+
+
+def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, cand_model: Any = None,
+           feeds: Any = None, target: str | None = None, metric: Any = None, out: str | os.PathLike | None = None,
+           nodes: Sequence[str] | None = None, max_builds: int = 40, max_pool: int = 64, batch: str = "auto",
+           verify: str | None = "ref", progress: Progress | None = None, cancel: threading.Event | None = None,
+           **compare_options: Any) -> RepairResult:
+    """Find a small set of nodes to keep in reference precision so that ``candidate`` meets ``target``.
+
+    ``target``: without ``metric``, a criterion text (``"sqnr_db<40"``: an output fails when it matches; default:
+    the candidate precision's criterion) that every output of every feed must pass beyond its precision floor.
+    ``metric``: ``module:function`` (or ``file.py:function``, or a callable) called per feed as
+    ``fn(reference_outputs, candidate_outputs)`` with dicts keyed by output name, returning a number (``target``
+    then is ``">=0.99"``-style, judged on the worst feed) or a bool. ``cand_model``: a user's own FP16/QDQ file
+    (the repaired model is that file with the minimal edits). ``out``: where to save the repaired model.
+    ``nodes``: search among these nodes (reference names, best first) instead of the comparison's culprits.
+    ``max_builds``: cap on candidate builds by the search. ``batch``: "auto" (one switchable model for FP16/BF16
+    candidates, a build per set for Q/DQ ones), "switch" or "build". ``verify``: the independent engine the
+    repaired model is checked on besides the candidate's ("ref": numpy in the model's own types; None: skip).
+    Other keywords are compare() options (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``,
+    ``impact``, ...). Raises :class:`~workbench.repair.graph.RepairError` (a WorkbenchError) on bad input.
+    """
+    t0 = time.perf_counter()
+    steps = Steps(progress, cancel)
+    if batch not in BATCH:
+        raise RepairError(f"unknown batch mode {batch!r}", f"use one of {', '.join(BATCH)}")
+    if isinstance(max_builds, bool) or not isinstance(max_builds, int) or max_builds < 1:
+        raise RepairError(f"max_builds must be a whole number >= 1, not {max_builds!r}")
+    out_path = _check_out(out, model, cand_model)
+    if metric is None and target:
+        from ..compare.criterion import Criterion
+
+        Criterion.parse(target)  # a bad criterion fails before the comparison
+    if metric is not None:
+        from .target import load_metric
+
+        load_metric(metric)  # an unknown module fails before the comparison
+    for key, value in COMPARE_DEFAULTS.items():
+        compare_options.setdefault(key, value)
+    plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, **compare_options)
+    try:
+        if nodes is not None:  # unknown names fail before the comparison
+            nodes = IslandBuilder(plan.cand_model, plan.ref_model).check(nodes)
+        return _repair(plan, steps, t0, target=target, metric=metric, out_path=out_path, nodes=nodes,
+                       max_builds=max_builds, max_pool=max_pool, batch=batch, verify=verify, cancel=cancel)
+    finally:
+        plan.close()
+
+
+def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, max_builds, max_pool, batch, verify,
+            cancel) -> RepairResult:
+    timing: dict[str, float] = {}
+    notes: list[str] = []
+    result = plan.run(progress=steps.span(0.0, 0.45), cancel=cancel)
+    builder = IslandBuilder(plan.cand_model, plan.ref_model)  # after the run: it indexes the candidate's nodes
+    timing["compare_s"] = time.perf_counter() - t0
+    floors = {t.tensor: t.floor for t in result.output_results}
+    goal = Target.build(plan.criterion, target, metric, floors)
+    cand_outputs = {o.name for o in plan.cand_model.graph.output}
+    outputs = [(o, o if o in cand_outputs else plan.candidate_name(o)) for o in plan.ref_graph.outputs]
+    t1 = time.perf_counter()
+    ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85))
+    try:
+        before = ev.evaluate([], model=plan.cand_model, role="baseline")
+        pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
+                                                                    limit=max_pool, notes=notes)
+        kept, minimal = search(ev, pool, before)
+        timing["search_s"] = time.perf_counter() - t1
+        final, repaired = _verify_on_candidate(ev, builder, kept)
+        if kept is not None and not final.met and any(e.how == "switch" for e in ev.evaluations):
+            notes.append("the switchable model met the target but the repaired model does not on the candidate "
+                         "engine (its fusions differ): searched again with one build per set")
+            ev.drop_switch()
+            kept, minimal = search(ev, pool, before)
+            final, repaired = _verify_on_candidate(ev, builder, kept)
+    finally:
+        ev.close()
+    if kept is None:
+        notes.append("no set of the pool met the target: reporting the closest set found")
+        kept = final.kept
+    notes += ev.notes
+    t2 = time.perf_counter()
+    independent = _independent(plan, repaired, ev, builder.kind, verify)
+    timing["verify_s"] = time.perf_counter() - t2
+    checker = _check(repaired)
+    family = plan.cand_precision.family
+    weights = {"family": family, "before": precision_share(plan.cand_model, family),
+               "after": precision_share(repaired, family)}
+    path = None
+    if out_path is not None:
+        path = str(save_model(repaired, out_path))
+    timing["total_s"] = time.perf_counter() - t0
+    steps(1.0, "done")
+    by_role = dict(ev.builds_by_role)
+    res = RepairResult(
+        reference=str(plan.ref_spec), candidate=str(plan.cand_spec) if plan.cand_source is None
+        else f"{plan.cand_spec} ({plan.variant_info.get('file')})", kept=list(kept), met=final.met,
+        minimal=bool(minimal and final.met), builds=ev.total_builds, target=goal.to_json(),
+        before=before.judgement.to_json(), after=final.judgement.to_json(),
+        evaluations=[e.to_json() for e in ev.evaluations], pool=list(pool),
+        verification={"candidate": {"engine": plan.cand_spec.engine, **final.judgement.to_json()},
+                      "independent": independent},
+        weights=weights, checker=checker, model_path=path, kind=builder.kind,
+        timing={k: round(v, 3) for k, v in timing.items()}, notes=notes,
+        builds_detail={"search": ev.search_builds, **by_role, "comparison": result.builds},
+        model=repaired, plan=plan)
+    if not pool and nodes is None:
+        res.notes.append("the comparison flagged no culprit to keep")
+    return res
+
+
+def _verify_on_candidate(ev: Evaluator, builder: IslandBuilder, kept):
+    if kept is None:
+        best = best_unmet(ev)
+        kept = best.kept if best is not None else ()
+    repaired = builder.build(kept)
+    return ev.evaluate(kept, model=repaired, role="verify"), repaired
+
+
+def _independent(plan, model: onnx.ModelProto, ev: Evaluator, kind: str, verify: str | None) -> dict:
+    """The repaired model on another engine than the candidate's, judged against the same reference outputs."""
+    from ..engines import get_engine
+
+    if not verify or verify == "none":
+        return {"skipped": "not requested"}
+    name = verify
+    if name == plan.cand_spec.engine:
+        name = "ort" if name == "ref" else "ref"
+    attempts = [(name, {"precision": "native"} if name == "ref" else {})]
+    if kind == "qdq" and name == "ref":  # onnx's evaluator may lack Q/DQ kernels; ORT without fusions instead
+        attempts.append(("ort", {"graph_optimization": "disable"}))
+    outs = [c for _, c in ev.outputs]
+    errors = []
+    for engine_name, options in attempts:
+        t0 = time.perf_counter()
+        try:
+            engine = get_engine(engine_name, **options)
+            with engine.prepare(model, outs) as session:
+                results = [session.run(f) for f in plan.cand_feeds]
+        except (EngineRunError, EngineUnavailableError) as e:
+            errors.append(f"{engine_name}: {e}")
+            log.warning("independent verification on %s failed: %s", engine_name, e)
+            continue
+        j = ev.judge_outputs(results)
+        label = engine_name + "".join(f" ({k}={v})" for k, v in options.items())
+        doc = {"engine": label, **j.to_json(), "seconds": round(time.perf_counter() - t0, 3)}
+        if errors:
+            doc["fallback_from"] = errors
+        return doc
+    return {"engine": name, "error": "; ".join(errors)}
+
+
+def _check(model: onnx.ModelProto) -> dict:
+    from ..model.validate import validate
+
+    _, problems = validate(model)
+    errors = [p.message for p in problems if p.severity == "error"]
+    if errors:
+        log.warning("onnx's checker: %s", errors[0])
+    return {"ok": not errors, "errors": errors}
+
+
+def _paths_of(source: Any) -> list[Path]:
+    from ..model.load import LoadedModel
+
+    if isinstance(source, LoadedModel):
+        source = source.path
+    if isinstance(source, (str, os.PathLike)):
+        return [Path(source).expanduser().resolve()]
+    return []
+
+
+def _check_out(out: Any, model: Any, cand_model: Any) -> Path | None:
+    """The output path, refused when it is an input model (or a folder)."""
+    if out is None:
+        return None
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise RepairError(f"--out {out} is a folder", "give a file name, e.g. fixed.onnx")
+    resolved = path.resolve()
+    for source in _paths_of(model) + _paths_of(cand_model):
+        if resolved == source:
+            raise RepairError(f"--out {out} is an input model; refusing to overwrite it",
+                              "write the repaired model to a new file")
+    return path
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Save atomically: one file when it fits in a protobuf (< 2 GB), else the weights beside it in
+    ``NAME.data`` (both written under temporary names, then renamed)."""
+    from .._atomic import atomic_write_bytes
+
+    path = Path(path)
+    if model.ByteSize() < 2**31 - 2**26:
+        return atomic_write_bytes(path, model.SerializeToString())
+    import shutil
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        onnx.save_model(copy, str(tmp / path.name), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=f"{path.name}.data")
+        os.replace(tmp / f"{path.name}.data", path.parent / f"{path.name}.data")
+        os.replace(tmp / path.name, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

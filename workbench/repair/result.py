@@ -1,0 +1,104 @@
+"""The outcome of a repair: JSON ``workbench.repair/1`` and a text summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+SCHEMA = "workbench.repair/1"
+
+
+@dataclass
+class RepairResult:
+    """``kept``: nodes kept in reference precision (reference names); ``met``: the repaired model meets the
+    target on the candidate engine; ``model``: the repaired ModelProto (``model_path``: where it was saved)."""
+
+    reference: str
+    candidate: str
+    kept: list[str]
+    met: bool
+    minimal: bool
+    builds: int
+    target: dict
+    before: dict
+    after: dict
+    evaluations: list[dict]
+    pool: list[str]
+    verification: dict = field(default_factory=dict)
+    weights: dict = field(default_factory=dict)
+    checker: dict = field(default_factory=dict)
+    model_path: str | None = None
+    kind: str = "float"
+    timing: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    builds_detail: dict = field(default_factory=dict)
+    #: the comparison bundle of the reference vs the repaired model, once saved: {"path", "diverged", "verdict"}
+    bundle: dict | None = None
+    #: not serialised: the repaired model, and what a bundle needs (the comparison plan)
+    model: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
+    plan: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def exit_code(self) -> int:
+        """0: the target is met; 1: not reachable (the best set found is reported)."""
+        return 0 if self.met else 1
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "reference": self.reference, "candidate": self.candidate, "met": self.met,
+                "kept": list(self.kept), "minimal": self.minimal, "builds": self.builds,
+                "builds_detail": self.builds_detail, "target": self.target, "before": self.before,
+                "after": self.after, "evaluations": self.evaluations, "pool": self.pool, "kind": self.kind,
+                "verification": self.verification, "weights": self.weights, "checker": self.checker,
+                "model": self.model_path, "bundle": self.bundle, "timing": self.timing, "notes": self.notes}
+
+    def save_json(self, path: str | Path) -> Path:
+        from .._atomic import atomic_write_text
+
+        return atomic_write_text(path, json.dumps(self.to_json(), indent=2, allow_nan=False, default=str) + "\n")
+
+    def save_bundle(self, dest: str | Path, **kwargs: Any) -> Path:
+        """A comparison bundle of the reference vs the saved repaired model, rerunnable with `workbench rerun`."""
+        from .bundle import save_repair_bundle
+
+        return save_repair_bundle(self, dest, **kwargs)
+
+    def render(self) -> str:
+        """A few lines: verdict, kept nodes, before/after per output, verification, weights, cost."""
+        lines = [f"repair {self.candidate} against {self.reference}: target "
+                 f"{'MET' if self.met else 'NOT REACHED'} ({self.target.get('text', '')})"]
+        label = "kept in reference precision" if self.kind == "float" else "Q/DQ removed around"
+        best = "" if self.met else " (best set found)"
+        lines.append(f"  {label}{best}: {', '.join(self.kept) if self.kept else '(nothing)'}"
+                     + ("" if self.minimal or not self.kept else " (not proven 1-minimal)"))
+        metric = self.target.get("criterion", "")
+        for out, b in (self.before.get("outputs") or {}).items():
+            a = (self.after.get("outputs") or {}).get(out, {})
+            key = next((k for k in b if k not in ("nonfinite_mismatch", "diverged")), None)
+            lines.append(f"  output {out}: {key} {_fmt(b.get(key))} -> {_fmt(a.get(key))}")
+        if self.target.get("kind") == "metric":
+            lines.append(f"  {self.target.get('metric')}: {_fmt(self.before.get('value'))} -> "
+                         f"{_fmt(self.after.get('value'))} (worst feed)")
+        for role, v in self.verification.items():
+            if v.get("skipped"):
+                lines.append(f"  verified on {role}: skipped ({v['skipped']})")
+            else:
+                lines.append(f"  verified on {role} ({v.get('engine')}): {'met' if v.get('met') else 'NOT met'}")
+        share = self.weights.get("after", {}).get("share")
+        if share is not None:
+            lines.append(f"  weight bytes still in the candidate precision: {100 * share:.2f}%")
+        lines.append(f"  {len(self.evaluations)} evaluations, {self.builds} candidate builds, "
+                     f"{self.timing.get('total_s', 0):.1f}s" + (f"; criterion {metric}" if metric else ""))
+        if self.model_path:
+            lines.append(f"  repaired model: {self.model_path}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

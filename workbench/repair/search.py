@@ -1,0 +1,125 @@
+"""The search for a small set of nodes to keep in reference precision.
+
+Pool: the culprits of the initial comparison, in their ranking (harmful first, by measured impact, then by the
+error each introduces beyond its floor; harmless ones last). A culprit whose reference values exceed the
+candidate format's range cannot be fixed alone -- its FP32 island would overflow when cast back -- so its
+consumers follow it in the pool, as far as the values stay out of range.
+
+Search: grow prefixes of the pool (1, 2, 4, 8, ... nodes) until the target holds, binary-search the shortest
+passing prefix, then shrink it to a 1-minimal set (removing any kept node breaks the target), trying to drop
+the latest-ranked nodes first and repeating until a whole pass removes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from .evaluate import BudgetExhausted, Evaluation, Evaluator
+
+log = logging.getLogger(__name__)
+
+
+def candidate_pool(result, plan, known: set[str], limit: int = 64, notes: list[str] | None = None) -> list[str]:
+    """Node names to try, best first (see the module docstring). ``known``: the candidate's node names."""
+    notes = notes if notes is not None else []
+    floors = {t.tensor: t.floor for t in result.tensors}
+    pool: list[str] = []
+
+    def add(name: str) -> None:
+        if name in pool or len(pool) >= limit:
+            return
+        if name not in known:
+            notes.append(f"culprit {name} has no node of that name in the candidate: not tried")
+            return
+        pool.append(name)
+
+    def overflowing(tensor: str) -> bool:
+        return bool(((floors.get(tensor) or {}).get("share_over_max") or 0) > 0)
+
+    graph = plan.ref_graph
+    for c in result.culprits:
+        add(c.node)
+        frontier = [c.tensor] if overflowing(c.tensor) else []
+        seen = set(frontier)
+        while frontier and len(pool) < limit:  # keep consumers wide while the values stay out of range
+            tensor = frontier.pop(0)
+            for consumer in graph.consumers.get(tensor, []):
+                node = graph.node(consumer)
+                if node.op_type == "Constant":
+                    continue
+                add(consumer)
+                for out in node.outputs:
+                    if out and out not in seen and overflowing(out):
+                        seen.add(out)
+                        frontier.append(out)
+    return pool
+
+
+def search(ev: Evaluator, pool: Sequence[str], baseline: Evaluation) -> tuple[tuple[str, ...] | None, bool]:
+    """(kept set, 1-minimal proven) -- the set is None when no evaluated set met the target."""
+    pool = list(pool)
+    if baseline.met:
+        return (), True
+    if not pool:
+        return None, False
+    try:
+        ev.use_switch(pool)
+        lo, hi = 0, None  # pool[:lo] fails (or untried), pool[:hi] passes
+        size = 1
+        while True:
+            k = min(size, len(pool))
+            if ev.evaluate(pool[:k]).met:
+                hi = k
+                break
+            lo = k
+            if k == len(pool):
+                return None, False
+            size *= 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ev.evaluate(pool[:mid]).met:
+                hi = mid
+            else:
+                lo = mid
+        kept = list(pool[:hi])
+    except BudgetExhausted:
+        ev.notes.append(f"the build budget ({ev.max_builds}) ran out while growing the set")
+        best = _best_met(ev)
+        return (best.kept, False) if best else (None, False)
+    return shrink(ev, kept, last_needed=True)
+
+
+def shrink(ev: Evaluator, kept: list[str], last_needed: bool = False) -> tuple[tuple[str, ...], bool]:
+    """Drop nodes while the target holds, latest-ranked first, until a full pass drops nothing (1-minimal).
+    ``last_needed``: the last node is known to be needed (the prefix without it failed)."""
+    try:
+        changed = True
+        first = True
+        while changed and len(kept) > 1:
+            changed = False
+            order = list(reversed(kept))
+            if first and last_needed:
+                order = order[1:]
+            first = False
+            for node in order:
+                trial = [n for n in kept if n != node]
+                if ev.evaluate(trial).met:
+                    kept = trial
+                    changed = True
+        return tuple(kept), True
+    except BudgetExhausted:
+        ev.notes.append(f"the build budget ({ev.max_builds}) ran out while shrinking: the set may not be minimal")
+        return tuple(kept), False
+
+
+def _best_met(ev: Evaluator) -> Evaluation | None:
+    met = [e for e in ev.evaluations if e.met]
+    return min(met, key=lambda e: len(e.kept)) if met else None
+
+
+def best_unmet(ev: Evaluator) -> Evaluation | None:
+    """The closest miss: fewest failing (feed, output) pairs, then the least bad worst value, then fewest nodes."""
+    if not ev.evaluations:
+        return None
+    return min(ev.evaluations, key=lambda e: (e.judgement.failing, e.judgement.badness, len(e.kept)))

@@ -1,0 +1,181 @@
+"""What "repaired" means: every output passes a criterion on every feed (default: the candidate precision's),
+or a task metric ``fn(reference_outputs, candidate_outputs) -> number | bool`` holds a threshold on the worst
+feed."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import operator
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..compare.criterion import Criterion
+from ..core.floats import encode_float
+from .graph import RepairError
+
+_OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
+_THRESHOLD = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\S+)\s*$")
+
+
+def load_metric(spec: str | Callable) -> tuple[Callable, str]:
+    """(function, label) for ``module:function`` or ``path/to/file.py:function`` (or a callable)."""
+    if callable(spec):
+        return spec, f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"
+    text = str(spec)
+    module, sep, name = text.rpartition(":")
+    if not sep or not module or not name.isidentifier():
+        raise RepairError(f"cannot read metric {text!r}", "write module:function or path/to/file.py:function")
+    try:
+        if module.endswith(".py"):
+            path = Path(module).expanduser()
+            if not path.is_file():
+                raise RepairError(f"metric file {module} does not exist", "check the path")
+            spec_ = importlib.util.spec_from_file_location(f"workbench_repair_metric_{path.stem}", path)
+            mod = importlib.util.module_from_spec(spec_)
+            spec_.loader.exec_module(mod)
+        else:
+            added = "" not in sys.path and "." not in sys.path
+            if added:  # a module beside the user, as `python -m` would find it
+                sys.path.insert(0, "")
+            try:
+                mod = importlib.import_module(module)
+            finally:
+                if added:
+                    sys.path.remove("")
+    except RepairError:
+        raise
+    except ImportError as e:
+        raise RepairError(f"cannot import metric module {module!r}: {e}", "check the module name (or pass a "
+                          "path/to/file.py:function)") from None
+    except Exception as e:  # noqa: BLE001 - importing user code may raise anything
+        raise RepairError(f"importing metric module {module!r} failed: {type(e).__name__}: {e}") from None
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise RepairError(f"metric module {module!r} has no function {name!r}", "write module:function")
+    return fn, text
+
+
+@dataclass
+class Judgement:
+    """One evaluation's verdict: met, per-output worst metrics, the task value (metric targets), a score."""
+
+    met: bool
+    outputs: dict[str, dict]
+    value: float | None = None
+    failing: int = 0  # (feed, output) pairs failing, or feeds failing the task metric
+    badness: float = 0.0  # larger is worse (ties between unmet sets)
+
+    def to_json(self) -> dict:
+        doc: dict[str, Any] = {"met": self.met, "outputs": self.outputs, "failing": self.failing}
+        if self.value is not None:
+            doc["value"] = encode_float(self.value)
+        return doc
+
+
+@dataclass
+class Target:
+    """Criterion target (``metric is None``): an output fails on a feed when ``criterion.diverged(metrics,
+    floor)``. Metric target: ``op threshold`` on the worst feed's value (bool results: True passes)."""
+
+    criterion: Criterion
+    floors: dict[str, dict | None] = field(default_factory=dict)
+    metric: Callable | None = None
+    metric_label: str | None = None
+    op: str | None = None
+    threshold: float | None = None
+
+    @classmethod
+    def build(cls, criterion: Criterion, target: str | None, metric: Any, floors: dict) -> Target:
+        """From ``--target``/``--metric``: no metric -> ``target`` is a criterion text (or None: the default);
+        with a metric -> ``target`` is ``OP NUMBER`` (``>=0.99``), optional when the metric returns bools."""
+        if metric is None:
+            crit = Criterion.parse(target) if target else criterion
+            return cls(crit, floors)
+        fn, label = load_metric(metric)
+        op = threshold = None
+        if target:
+            m = _THRESHOLD.match(str(target))
+            if not m:
+                raise RepairError(f"cannot read target {target!r} for metric {label}", "write e.g. '>=0.99' or '<0.01'")
+            op = m.group(1)
+            try:
+                threshold = float(m.group(2))
+            except ValueError:
+                raise RepairError(f"target {target!r}: {m.group(2)!r} is not a number") from None
+            if not math.isfinite(threshold):
+                raise RepairError(f"target {target!r} needs a finite threshold")
+        return cls(criterion, floors, fn, label, op, threshold)
+
+    def describe(self) -> str:
+        if self.metric is None:
+            return f"every output passes ({self.criterion.describe()}) on every feed"
+        if self.op is None:
+            return f"{self.metric_label} is True on every feed"
+        return f"{self.metric_label} {self.op} {self.threshold:g} on the worst feed"
+
+    def to_json(self) -> dict:
+        if self.metric is None:
+            return {"kind": "criterion", "criterion": self.criterion.text(), "text": self.describe()}
+        return {"kind": "metric", "metric": self.metric_label, "op": self.op, "threshold": self.threshold,
+                "aggregate": "worst feed", "text": self.describe(), "criterion": self.criterion.text()}
+
+    def judge(self, per_feed: list[dict[str, dict]], task: list[Any] | None = None) -> Judgement:
+        """``per_feed``: per feed, output -> metrics; ``task``: per feed, the metric function's result."""
+        crit = self.criterion
+        outputs: dict[str, dict] = {}
+        failing, badness = 0, -math.inf
+        for metrics in per_feed:
+            for out, m in metrics.items():
+                bad = crit.diverged(m, self.floors.get(out))
+                failing += bad
+                badness = max(badness, crit.badness(m))
+                worst = outputs.get(out)
+                if worst is None or crit.badness(m) > crit.badness(worst["_m"]):
+                    outputs[out] = {"_m": m}
+                outputs[out]["diverged"] = outputs[out].get("diverged", False) or bad
+        summary = {out: {crit.metric: encode_float(v["_m"].get(crit.metric)),
+                         "nonfinite_mismatch": v["_m"].get("nonfinite_mismatch"), "diverged": v["diverged"]}
+                   for out, v in outputs.items()}
+        if self.metric is None:
+            return Judgement(failing == 0, summary, None, failing, badness)
+        values = [self._value(v) for v in task or []]
+        if self.op is None:
+            ok = [bool(v) for v in values]
+            worst = float(min(ok)) if ok else None
+            return Judgement(all(ok), summary, worst, ok.count(False), -(worst or 0.0))
+        fails = [not _OPS[self.op](v, self.threshold) or math.isnan(v) for v in values]
+        worst = (min(values) if self.op in (">=", ">") else max(values)) if values else None
+        score = -(worst or 0.0) if self.op in (">=", ">") else (worst or 0.0)
+        return Judgement(not any(fails), summary, worst, sum(fails), score)
+
+    def _value(self, v: Any) -> float | bool:
+        if isinstance(v, (bool, np.bool_)):
+            if self.op is not None and self.op != "==":
+                return float(v)
+            return bool(v)
+        if isinstance(v, np.ndarray) and v.size == 1:
+            v = v.item()
+        if isinstance(v, (int, float, np.integer, np.floating)):
+            if self.op is None:
+                raise RepairError(f"metric {self.metric_label} returned a number ({float(v):g})",
+                                  "give the threshold with --target, e.g. '>=0.99'")
+            return float(v)
+        raise RepairError(f"metric {self.metric_label} returned a {type(v).__name__}",
+                          "it must return a number or a bool per feed")
+
+    def task_value(self, ref: dict, cand: dict) -> Any:
+        """The metric function on one feed's outputs (reference output names on both sides)."""
+        try:
+            return self.metric(ref, cand)
+        except RepairError:
+            raise
+        except Exception as e:  # noqa: BLE001 - user code
+            raise RepairError(f"metric {self.metric_label} raised {type(e).__name__}: {e}") from None
