@@ -9,6 +9,7 @@ constants, int64 indices) are kept so that data propagation still works.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -33,7 +34,7 @@ def tensor_nbytes(t: TensorProto) -> int:
 
 def _stub(t: TensorProto) -> TensorProto:
     stub = TensorProto()
-    _copy_fields(t, stub, {"raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
+    copy_fields(t, stub, {"raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
                            "uint64_data", "external_data", "data_location", "segment"})
     stub.data_location = TensorProto.EXTERNAL
     for key, value in (("location", STUB_FILE), ("offset", "0"), ("length", str(tensor_nbytes(t)))):
@@ -46,18 +47,7 @@ def _heavy(t: TensorProto, keep_bytes: int) -> bool:
     return t.data_location != TensorProto.EXTERNAL and tensor_nbytes(t) > keep_bytes
 
 
-def _node_is_heavy(node: onnx.NodeProto, keep_bytes: int) -> bool:
-    for a in node.attribute:
-        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            return True
-        if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t, keep_bytes):
-            return True
-        if a.type == onnx.AttributeProto.TENSORS and any(_heavy(t, keep_bytes) for t in a.tensors):
-            return True
-    return False
-
-
-def _copy_fields(src, dst, skip: set[str]) -> None:
+def copy_fields(src, dst, skip: set[str]) -> None:
     """Copy every set field of ``src`` but ``skip`` into ``dst``, field by field (a corrupt, non-UTF-8 string is
     left out rather than raising: the checker reports the model, the copy must not crash)."""
     for fd, value in src.ListFields():
@@ -74,47 +64,61 @@ def _copy_fields(src, dst, skip: set[str]) -> None:
             log.debug("field %s not copied: %s", fd.name, e)
 
 
-def _strip_node(src: onnx.NodeProto, dst: onnx.NodeProto, keep_bytes: int) -> None:
-    _copy_fields(src, dst, {"attribute"})
-    for a in src.attribute:
-        new = dst.attribute.add()
-        if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t, keep_bytes):
-            new.name, new.type, new.doc_string = a.name, a.type, a.doc_string
-            new.t.CopyFrom(_stub(a.t))
-        elif a.type == onnx.AttributeProto.TENSORS:
-            new.name, new.type = a.name, a.type
-            for t in a.tensors:
-                new.tensors.add().CopyFrom(_stub(t) if _heavy(t, keep_bytes) else t)
-        elif a.type == onnx.AttributeProto.GRAPH:
-            new.name, new.type = a.name, a.type
-            _strip_graph(a.g, new.g, keep_bytes)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            new.name, new.type = a.name, a.type
-            for g in a.graphs:
-                _strip_graph(g, new.graphs.add(), keep_bytes)
-        else:
-            new.CopyFrom(a)
+#: ``replace(tensor, key)`` -> the tensor to write instead, or None to copy it as is. ``key``: an initializer's
+#: name, or ``"<node output>::<attribute>"`` for a tensor attribute (Constant values often share names).
+Replace = Callable[[TensorProto, str], "TensorProto | None"]
 
 
-def _strip_graph(src: onnx.GraphProto, dst: onnx.GraphProto, keep_bytes: int) -> None:
-    _copy_fields(src, dst, {"initializer", "node"})
+def _has_tensors(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.GRAPH,
+                          onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def map_model_tensors(model: onnx.ModelProto, replace: Replace) -> onnx.ModelProto:
+    """A copy of ``model`` with every tensor (initializers, tensor attributes, subgraphs and their initializers
+    included) passed through ``replace``; only the replaced tensors and the graph structure are copied anew."""
+    out = onnx.ModelProto()
+    copy_fields(model, out, {"graph"})
+    _map_graph(model.graph, out.graph, replace)
+    return out
+
+
+def _map_graph(src: onnx.GraphProto, dst: onnx.GraphProto, replace: Replace) -> None:
+    copy_fields(src, dst, {"initializer", "node"})
     for t in src.initializer:
-        dst.initializer.add().CopyFrom(_stub(t) if _heavy(t, keep_bytes) else t)
+        dst.initializer.add().CopyFrom(replace(t, t.name) or t)
     for node in src.node:
-        if _node_is_heavy(node, keep_bytes):
-            _strip_node(node, dst.node.add(), keep_bytes)
-        else:
+        if not _has_tensors(node):
             dst.node.add().CopyFrom(node)
+            continue
+        new = dst.node.add()
+        copy_fields(node, new, {"attribute"})
+        owner = node.output[0] if node.output else node.name
+        for a in node.attribute:
+            na = new.attribute.add()
+            if a.type == onnx.AttributeProto.TENSOR:
+                copy_fields(a, na, {"t"})
+                na.t.CopyFrom(replace(a.t, f"{owner}::{a.name}") or a.t)
+            elif a.type == onnx.AttributeProto.TENSORS:
+                copy_fields(a, na, {"tensors"})
+                for i, t in enumerate(a.tensors):
+                    na.tensors.add().CopyFrom(replace(t, f"{owner}::{a.name}[{i}]") or t)
+            elif a.type == onnx.AttributeProto.GRAPH:
+                copy_fields(a, na, {"g"})
+                _map_graph(a.g, na.g, replace)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                copy_fields(a, na, {"graphs"})
+                for g in a.graphs:
+                    _map_graph(g, na.graphs.add(), replace)
+            else:
+                na.CopyFrom(a)
 
 
 def strip_weights(model: onnx.ModelProto, keep_bytes: int = KEEP_BYTES) -> onnx.ModelProto:
     """A copy of ``model`` whose tensors over ``keep_bytes`` (initializers, Constant values, tensor attributes,
     subgraphs included) are stubs: same name, dims and type, data "external" in :data:`STUB_FILE`. The copy
     costs the graph's size, not the weights'."""
-    out = onnx.ModelProto()
-    _copy_fields(model, out, {"graph"})
-    _strip_graph(model.graph, out.graph, keep_bytes)
-    return out
+    return map_model_tensors(model, lambda t, _key: _stub(t) if _heavy(t, keep_bytes) else None)
 
 
 def is_stub(t: TensorProto) -> bool:

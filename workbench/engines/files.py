@@ -25,7 +25,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from ..core.shapes import KEEP_BYTES, STUB_FILE, tensor_nbytes
+from ..core.shapes import KEEP_BYTES, STUB_FILE, map_model_tensors, tensor_nbytes
 from .outputs import edit_lock, temporarily
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,9 @@ def _ref(t: TensorProto, offset: int, length: int) -> TensorProto:
     return out
 
 
-def _key(t: TensorProto) -> tuple:
-    return (t.name, t.data_type, tuple(t.dims))
+def _key(t: TensorProto, name: str) -> tuple:
+    """Initializers by name, tensor attributes by node output and attribute (:func:`map_model_tensors`' key)."""
+    return (name, t.data_type, tuple(t.dims))
 
 
 def _heavy(t: TensorProto) -> bool:
@@ -73,15 +74,14 @@ class ModelFiles:
         self._count = 0
         self._lock = threading.Lock()
         with open(self.folder / WEIGHTS, "wb") as fh:
-            self.skeleton = onnx.ModelProto()
-            self.skeleton.CopyFrom(_without_graph(model))
-            self._write_graph(model.graph, self.skeleton.graph, fh)
+            self.skeleton = map_model_tensors(
+                model, lambda t, key: self._external(t, key, fh) if _heavy(t) and not _is_ours(t) else None)
         log.info("weights of %s written once to %s (%.1f MB)", model.graph.name or "the model", self.folder,
                  (self.folder / WEIGHTS).stat().st_size / 1e6)
 
     # --- writing the weights once --------------------------------------------------------------------------
-    def _external(self, t: TensorProto, fh) -> TensorProto:
-        key = _key(t)
+    def _external(self, t: TensorProto, name: str, fh) -> TensorProto:
+        key = _key(t, name)
         if key in self.refs:
             return self.refs[key]
         data = _raw(t)
@@ -93,33 +93,6 @@ class ModelFiles:
         fh.write(data)
         ref = self.refs[key] = _ref(t, offset, len(data))
         return ref
-
-    def _write_graph(self, src: onnx.GraphProto, dst: onnx.GraphProto, fh) -> None:
-        from ..core.shapes import _copy_fields
-
-        _copy_fields(src, dst, {"initializer", "node"})
-        for t in src.initializer:
-            dst.initializer.add().CopyFrom(self._external(t, fh) if _heavy(t) and not _is_ours(t) else t)
-        for node in src.node:
-            if not _node_heavy(node):
-                dst.node.add().CopyFrom(node)
-                continue
-            new = dst.node.add()
-            _copy_fields(node, new, {"attribute"})
-            for a in node.attribute:
-                na = new.attribute.add()
-                if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t):
-                    _copy_fields(a, na, {"t"})
-                    na.t.CopyFrom(self._external(_named(a.t, node, a.name), fh))
-                elif a.type == onnx.AttributeProto.GRAPH:
-                    _copy_fields(a, na, {"g"})
-                    self._write_graph(a.g, na.g, fh)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    _copy_fields(a, na, {"graphs"})
-                    for g in a.graphs:
-                        self._write_graph(g, na.graphs.add(), fh)
-                else:
-                    na.CopyFrom(a)
 
     # --- sessions -----------------------------------------------------------------------------------------------
     def graph_file(self, model: onnx.ModelProto, outputs: Sequence[str] | None = None) -> Path:
@@ -140,44 +113,14 @@ class ModelFiles:
         return path
 
     def _light(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        out = onnx.ModelProto()
-        out.CopyFrom(_without_graph(model))
-        self._light_graph(model.graph, out.graph)
-        return out
+        return map_model_tensors(model, self._swap)
 
-    def _light_graph(self, src: onnx.GraphProto, dst: onnx.GraphProto) -> None:
-        from ..core.shapes import _copy_fields
-
-        _copy_fields(src, dst, {"initializer", "node"})
-        for t in src.initializer:
-            dst.initializer.add().CopyFrom(self._swap(t))
-        for node in src.node:
-            if not _node_heavy(node):
-                dst.node.add().CopyFrom(node)
-                continue
-            new = dst.node.add()
-            _copy_fields(node, new, {"attribute"})
-            for a in node.attribute:
-                na = new.attribute.add()
-                if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t):
-                    _copy_fields(a, na, {"t"})
-                    na.t.CopyFrom(self._swap(_named(a.t, node, a.name)))
-                elif a.type == onnx.AttributeProto.GRAPH:
-                    _copy_fields(a, na, {"g"})
-                    self._light_graph(a.g, na.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    _copy_fields(a, na, {"graphs"})
-                    for g in a.graphs:
-                        self._light_graph(g, na.graphs.add())
-                else:
-                    na.CopyFrom(a)
-
-    def _swap(self, t: TensorProto) -> TensorProto:
+    def _swap(self, t: TensorProto, name: str) -> TensorProto | None:
         if _points_to(t, WEIGHTS):  # already a reference into these weights (cut from the skeleton)
-            return t
+            return None
         if not _heavy(t) and not _is_ours(t):
-            return t
-        ref = self.refs.get(_key(t))
+            return None
+        ref = self.refs.get(_key(t, name))
         if ref is not None:
             out = TensorProto()
             out.CopyFrom(ref)
@@ -185,7 +128,7 @@ class ModelFiles:
             return out
         if _is_ours(t):
             raise ValueError(f"tensor {t.name!r} points to weights this model's files do not hold")
-        return t
+        return None
 
     def discard(self, path: Path) -> None:
         """Delete a graph file once its engine has read it (the weights file stays)."""
@@ -207,39 +150,12 @@ class ModelFiles:
         self._finalizer()
 
 
-def _named(t: TensorProto, node: onnx.NodeProto, attr: str) -> TensorProto:
-    """A Constant's value keyed by the node's output (values of different Constants often share a name)."""
-    if node.op_type == "Constant" and node.output:
-        out = TensorProto()
-        out.CopyFrom(t)
-        out.name = f"{node.output[0]}::{attr}"
-        return out
-    return t
-
-
 def _raw(t: TensorProto) -> bytes:
     from onnx import numpy_helper
 
     if t.HasField("raw_data"):
         return t.raw_data
     return numpy_helper.to_array(t).tobytes()
-
-
-def _node_heavy(node: onnx.NodeProto) -> bool:
-    for a in node.attribute:
-        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            return True
-        if a.type == onnx.AttributeProto.TENSOR and _heavy(a.t):
-            return True
-    return False
-
-
-def _without_graph(model: onnx.ModelProto) -> onnx.ModelProto:
-    from ..core.shapes import _copy_fields
-
-    out = onnx.ModelProto()
-    _copy_fields(model, out, {"graph"})
-    return out
 
 
 def register(model: onnx.ModelProto, files: ModelFiles) -> None:
