@@ -244,6 +244,19 @@ def _progress_logger():
     return report
 
 
+def _add_pair_arguments(p: argparse.ArgumentParser, cand_model_help: str) -> None:
+    """The model, the two engine specs, the candidate file and the feeds: what compare, reduce and repair share."""
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--ref", default="ort", metavar="SPEC", help="reference ENGINE[:VARIANT] (default: ort)")
+    p.add_argument("--cand", default="ort:fp16", metavar="SPEC", help="candidate ENGINE[:VARIANT] (default: ort:fp16)")
+    p.add_argument("--cand-model", metavar="OTHER.onnx", help=cand_model_help)
+    p.add_argument("--inputs", metavar="FILE", help=".npz, folder of .npz, or Polygraphy inputs JSON "
+                   "(default: seeded random feeds)")
+    p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
+    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
+    p.add_argument("--feeds", type=_whole(1), default=1, metavar="N", help="number of random feeds (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="workbench", description="Find where and why an ONNX model drifts between engines.")
     parser.add_argument("--version", action="version", version=f"onnx-drift-workbench {__version__}")
@@ -261,17 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="layer-wise comparison of two engines/precisions: first divergent layer, "
                        "culprit nodes")
-    p.add_argument("model", help="path to an .onnx file")
-    p.add_argument("--ref", default="ort", metavar="SPEC", help="reference ENGINE[:VARIANT] (default: ort)")
-    p.add_argument("--cand", default="ort:fp16", metavar="SPEC", help="candidate ENGINE[:VARIANT] (default: ort:fp16)")
-    p.add_argument("--cand-model", metavar="OTHER.onnx", help="run the candidate on this file (your own FP16/QDQ "
-                   "export); tensors are matched by name")
-    p.add_argument("--inputs", metavar="FILE", help=".npz, folder of .npz, or Polygraphy inputs JSON "
-                   "(default: seeded random feeds)")
-    p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
+    _add_pair_arguments(p, "run the candidate on this file (your own FP16/QDQ export); tensors are matched by name")
     p.add_argument("--val-range", nargs="+", metavar="NAME:[lo,hi]", help="value ranges for random inputs")
-    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
-    p.add_argument("--feeds", type=int, default=1, metavar="N", help="number of random feeds (default 1)")
     p.add_argument("--calib", metavar="FILE", help="calibration data for :int8 (default: the comparison feeds)")
     p.add_argument("--keep-fp32", nargs="+", metavar="NODE", help="nodes the fp16/int8 variant keeps in float32")
     p.add_argument("--mode", choices=["auto", "all", "bisect"], default="auto",
@@ -349,20 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reduce", help="write the smallest reference/candidate model pair around a culprit, with its "
                        "inputs and expected outputs: a bug report that reproduces the divergence with onnxruntime")
-    p.add_argument("model", help="path to an .onnx file")
-    p.add_argument("--ref", default="ort", metavar="SPEC", help="reference ENGINE[:VARIANT] (default: ort)")
-    p.add_argument("--cand", default="ort:fp16", metavar="SPEC", help="candidate ENGINE[:VARIANT] (default: ort:fp16)")
-    p.add_argument("--cand-model", metavar="OTHER.onnx", help="the candidate side comes from this file (your own "
-                   "FP16/QDQ export)")
-    p.add_argument("--inputs", metavar="FILE", help=".npz, folder of .npz, or Polygraphy inputs JSON "
-                   "(default: seeded random feeds)")
+    _add_pair_arguments(p, "the candidate side comes from this file (your own FP16/QDQ export)")
     p.add_argument("--node", metavar="NAME", help="reference node to reduce (default: the top harmful culprit)")
     p.add_argument("--out", required=True, metavar="DIR", help="new (or empty) folder for the files")
     p.add_argument("--max-nodes", type=_whole(1), default=3, metavar="N", help="grow the subgraph up to N reference "
                    "nodes when the node alone does not reproduce (default 3)")
-    p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
-    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
-    p.add_argument("--feeds", type=int, default=1, metavar="N", help="number of random feeds (default 1)")
     p.add_argument("--keep-fp32", nargs="+", metavar="NODE", help="nodes the fp16/int8 variant keeps in float32")
     p.add_argument("--criterion", metavar="METRIC<VALUE", help="when a tensor diverges (default per precision)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.reduce/1 JSON to OUT ('-' for stdout)")
@@ -370,16 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("repair", help="the smallest set of nodes to keep in reference precision (FP32 islands, Q/DQ "
                        "removed) so that the candidate meets a target; writes the repaired model")
-    p.add_argument("model", help="path to an .onnx file")
-    p.add_argument("--ref", default="ort", metavar="SPEC", help="reference ENGINE[:VARIANT] (default: ort)")
-    p.add_argument("--cand", default="ort:fp16", metavar="SPEC", help="candidate ENGINE[:VARIANT] (default: ort:fp16)")
-    p.add_argument("--cand-model", metavar="FILE", help="repair this file (your own FP16/QDQ export) instead of the "
-                   "tool's variant")
-    p.add_argument("--inputs", metavar="DIR|FILE", help=".npz, folder of .npz, or Polygraphy inputs JSON "
-                   "(default: seeded random feeds)")
-    p.add_argument("--feeds", type=_whole(1), default=1, metavar="N", help="number of random feeds (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
-    p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
+    _add_pair_arguments(p, "repair this file (your own FP16/QDQ export) instead of the tool's variant")
     p.add_argument("--target", metavar="TEXT", help="without --metric: a criterion every output must pass on every "
                    "feed, e.g. sqnr_db<40 (default: the candidate precision's); with --metric: OP NUMBER, e.g. >=0.99")
     p.add_argument("--metric", metavar="module:function", help="task metric fn(reference_outputs, "
