@@ -206,3 +206,24 @@ def test_options_round_trip_through_json():
     assert back == opts
     with pytest.raises(Exception, match="impact"):
         CompareOptions(impact=-1)
+
+
+def test_a_users_own_file_is_explained_by_its_changed_constants(tmp_path):
+    """A user's FP16 file made by onnxconverter-common (which clamps to 1e4): the culprit's explanation names the
+    constant the file changed, with its values before and after, read by diffing the two files."""
+    import warnings
+
+    from onnxconverter_common.float16 import convert_float_to_float16 as occ
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mine = occ(onnx.load(str(CLAMP)), keep_io_types=True)
+    path = tmp_path / "mine.onnx"
+    onnx.save(mine, str(path))
+    result = compare(CLAMP, "ort", "ort", cand_model=path)
+    top = result.culprits[0]
+    assert result.diverged and top.node == "/bn_big_var/BatchNormalization" and not top.harmless
+    assert "The candidate file clamped constant '/bn_big_var/running_var' from [9.8e+07] to [1e+04]" in \
+        top.explanation
+    clamp = next(c for c in result.variant["clamped"] if c["name"] == "/bn_big_var/running_var")
+    assert clamp["by"] == "the candidate file" and clamp["converted"] == [10000.0]
