@@ -204,6 +204,7 @@ def _error(what: str, exc: BaseException, hint: str) -> EngineRunError:
     """One-line EngineRunError from an ORT exception, naming the node when ORT does."""
     text = " ".join(str(exc).split())
     text = _strip_source_location(re.sub(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", text))
+    text = re.sub(r"^Load model from \S+ failed:\s*", "", text)  # a private graph file the user never saw
     match = re.search(r"[Nn]ode \(([^)]+)\)|[Nn]ame:\s*'([^']+)'|In Node, \(\"([^\"]+)\"|node ([^\s,]+) failed", text)
     node = next((g for g in match.groups() if g), None) if match else None
     where = f" at node {node}" if node else ""
