@@ -135,3 +135,45 @@ def test_graph_widget_stays_interactive_on_5000_nodes(browser_page, artifacts):
                                  e => /double-click|inputs:/.test(e.textContent))""")
     H.screenshot(page, artifacts, "07-graph-5000")
     assert not errors, errors
+
+
+def test_repair_tab_keeps_the_culprit_and_offers_downloads(browser_page, artifacts):
+    import onnx
+
+    lab, page, errors = browser_page
+    name = lab.write_notebook("repair.ipynb", [
+        'import plotly.io as pio\n\npio.renderers.default = "plotly_mimetype"\nfrom pathlib import Path\n\n'
+        'from workbench import Workbench\n\n'
+        'wb = Workbench(Path("../sample_models/fp16_clamp_constant.onnx").resolve())\nwb',
+    ])
+    H.open_notebook(page, lab, name)
+    H.run_all(page)
+    page.wait_for_selector(".wb-title")
+    wb = page.locator(".jp-OutputArea-output").filter(has=page.locator(".wb-title")).first
+    wb.locator(".lm-TabBar-tab", has_text="Repair").click()
+    _visible(wb.locator("button", has_text="Run")).first.click()
+    kept = _visible(wb.locator("button", has_text=CULPRIT))
+    kept.wait_for(timeout=120_000)
+    text = wb.inner_text()
+    assert "target MET" in text and "node(s) kept in reference precision" in text
+    assert "verified on independent (ref" in text and "FP16 share of the weight bytes" in text
+    link = _visible(wb.locator("a.wb-download"))
+    assert link.count() == 1 and link.get_attribute("download") == "fp16_clamp_constant.repaired.onnx"
+    with page.expect_download() as info:  # the browser really downloads it
+        link.click()
+    assert onnx.load(info.value.path()).graph.node
+    wb.locator("button", has_text="Make a bug report").click()
+    report = _visible(wb.locator("a.wb-download", has_text="bug report"))
+    report.wait_for(timeout=120_000)
+    assert report.get_attribute("download") == "bug-report.zip"
+    report.scroll_into_view_if_needed()
+    H.screenshot(page, artifacts, "08-repair-downloads")
+    _visible(wb.locator(".js-plotly-plot")).first.wait_for()
+    kept.evaluate("e => e.scrollIntoView({block: 'center'})")
+    H.screenshot(page, artifacts, "09-repair")
+    kept.click()  # selects it in the graph and brings the graph forward
+    page.wait_for_function("""(name) => [...document.querySelectorAll('.wb-graph-status')].some(
+                                 s => s.textContent.includes('selected: ' + name))""", arg=CULPRIT)
+    _visible(wb.locator(".wb-graph-canvas")).first.evaluate("e => e.scrollIntoView({block: 'center'})")
+    H.screenshot(page, artifacts, "10-repair-graph")
+    assert not errors, errors

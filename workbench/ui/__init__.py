@@ -1,11 +1,11 @@
 """Notebook front end: ipywidgets panels, each a thin view over the core; :class:`Workbench` composes them.
 
     from workbench import Workbench
-    Workbench("model.onnx")            # Model | Compare | Errors | Graph | Calibration
+    Workbench("model.onnx")            # Model | Compare | Errors | Graph | Calibration | Repair
 
 Every panel also works alone (``ModelPanel(model)``, ``ComparePanel(model)``, ...). Panels hold no numerics:
-they call the core (inspect, compare, calibrate, inspect_tensor) and the plots. Long work runs on a thread with
-a progress bar and Cancel, so the kernel stays responsive.
+they call the core (inspect, compare, calibrate, inspect_tensor, repair, reduce) and the plots. Long work runs on a
+thread with a progress bar and Cancel, so the kernel stays responsive.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _LAZY = {
     "GraphPanel": "workbench.ui.graph_panel",
     "GraphWidget": "workbench.ui.graph_widget",
     "CalibrationPanel": "workbench.ui.calibration_panel",
+    "RepairPanel": "workbench.ui.repair_panel",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

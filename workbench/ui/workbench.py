@@ -14,20 +14,23 @@ from .errors_panel import ErrorsPanel
 from .graph_panel import GraphPanel
 from .messages import error_html, fallback_repr
 from .model_panel import ModelPanel
+from .repair_panel import RepairPanel
 from .state import WorkbenchState
 from .style import style_tag
 
 log = logging.getLogger(__name__)
 
 #: tab key -> title, in display order
-PANELS = {"model": "Model", "compare": "Compare", "errors": "Errors", "graph": "Graph", "calibration": "Calibration"}
+PANELS = {"model": "Model", "compare": "Compare", "errors": "Errors", "graph": "Graph", "calibration": "Calibration",
+          "repair": "Repair"}
 
 
 class Workbench(widgets.VBox):
     """The notebook workbench on ``model`` (a path, bytes, ModelProto, LoadedModel, or a torch.nn.Module with
     ``example_inputs=``). Panels are built when their tab is first opened; ``panel("compare")`` builds one on
-    demand. A culprit clicked in Compare, a point clicked in Errors and a node clicked in Graph select the same
-    node everywhere."""
+    demand. A culprit clicked in Compare, a point clicked in Errors, a node clicked in Graph and a kept node
+    clicked in Repair select the same node everywhere; Repair shares Compare's inputs and engine choice, and its
+    kept nodes are ringed in Graph."""
 
     def __repr__(self) -> str:
         return fallback_repr(self)
@@ -60,14 +63,26 @@ class Workbench(widgets.VBox):
                              f'&middot; {len(model.proto.graph.node)} nodes</div>')
 
     def panel(self, key: str) -> widgets.Widget:
-        """The panel under tab ``key`` ("model", "compare", "errors", "graph", "calibration"), built if needed."""
+        """The panel under tab ``key`` ("model", "compare", "errors", "graph", "calibration", "repair"), built if
+        needed."""
         if key not in PANELS:
             raise KeyError(f"no panel {key!r}; use one of {', '.join(PANELS)}")
         if key not in self._panels:
             self._panels[key] = self._build(key)
             index = list(PANELS).index(key)
             self.tabs.children[index].children = (self._panels[key],)
+            self._connect(key)
         return self._panels[key]
+
+    def _connect(self, key: str) -> None:
+        """Ring Repair's kept nodes in Graph once both exist."""
+        if key in ("repair", "graph"):
+            repair, graph = self._panels.get("repair"), self._panels.get("graph")
+            if isinstance(repair, RepairPanel) and isinstance(graph, GraphPanel):
+                try:
+                    repair.link_graph(graph)
+                except Exception:  # noqa: BLE001 - the panels still work unlinked
+                    log.exception("linking the Repair and Graph panels failed")
 
     def _build(self, key: str) -> widgets.Widget:
         try:
@@ -79,6 +94,10 @@ class Workbench(widgets.VBox):
                 return ErrorsPanel(state=self.state)
             if key == "graph":
                 return GraphPanel(state=self.state)
+            if key == "repair":
+                compare = self.panel("compare")
+                return RepairPanel(state=self.state, compare=compare if isinstance(compare, ComparePanel) else None,
+                                   **self._options)
             return CalibrationPanel(state=self.state)
         except Exception as e:  # noqa: BLE001 - one broken panel must not take the others down
             return widgets.HTML(error_html(e, f"building the {PANELS[key]} panel"))
@@ -118,3 +137,7 @@ class Workbench(widgets.VBox):
     @property
     def calibration_panel(self):
         return self.panel("calibration")
+
+    @property
+    def repair_panel(self):
+        return self.panel("repair")
