@@ -13,6 +13,7 @@ import ipywidgets as widgets
 
 from ..compare.text import fmt as fmt_metric
 from ..core.metric_info import HIGHER_IS_BETTER, JUDGED, METRIC_INFO
+from .engine_pair import EnginePair
 from .inputs_box import InputsBox
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
@@ -22,7 +23,6 @@ from .tables import table_html
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("fp32", "fp16", "int8")
 #: a sensible tolerance to start from when the user picks a metric
 DEFAULT_THRESHOLDS = {m: info.tolerance for m, info in METRIC_INFO.items()
                       if info.judged and info.tolerance is not None}
@@ -37,18 +37,11 @@ class ComparePanel(widgets.VBox):
 
     def __init__(self, model: Any = None, *, state: WorkbenchState | None = None, reference: str = "ort",
                  candidate: str = "ort:fp16", **load_kwargs: Any) -> None:
-        from ..engines import available_engines
-
         self.state = WorkbenchState.of(model, state=state, **load_kwargs)
-        self.engines = {e["name"]: e for e in available_engines()}
-        ref_engine, _, ref_variant = reference.partition(":")
-        cand_engine, _, cand_variant = candidate.partition(":")
-        self.ref_engine = self._engine_picker("reference", ref_engine)
-        self.ref_variant = widgets.Dropdown(options=VARIANTS, value=ref_variant or "fp32",
-                                            layout=widgets.Layout(width="90px"))
-        self.cand_engine = self._engine_picker("candidate", cand_engine)
-        self.cand_variant = widgets.Dropdown(options=VARIANTS, value=cand_variant or "fp32",
-                                             layout=widgets.Layout(width="90px"))
+        self.pair = EnginePair(reference, candidate)
+        self.engines = self.pair.engines
+        self.ref_engine, self.ref_variant = self.pair.ref_engine, self.pair.ref_variant
+        self.cand_engine, self.cand_variant = self.pair.cand_engine, self.pair.cand_variant
         self.engine_note = widgets.HTML()
         self.precision = widgets.HTML()
         self._model_precision: tuple[str, Any] | None = None  # (fingerprint, Precision) of the loaded model
@@ -73,8 +66,7 @@ class ComparePanel(widgets.VBox):
         self.save_button = widgets.Button(description="Save result JSON", icon="save", disabled=True)
         self.save_button.on_click(lambda _: self.save())
         self.save_note = widgets.HTML()
-        for w in (self.ref_engine, self.cand_engine, self.ref_variant, self.cand_variant):
-            w.observe(self._on_engine, "value")
+        self.pair.observe(self._on_engine)
         self.metric.observe(self._on_metric, "value")
         self.state.observe(lambda ch: self.show_result(ch["new"]), "result")
         self.state.observe(lambda _: self._on_engine(), "model")
@@ -92,26 +84,16 @@ class ComparePanel(widgets.VBox):
         if self.state.result is not None:
             self.show_result(self.state.result)
 
-    def _engine_picker(self, label: str, value: str) -> widgets.Dropdown:
-        options = [(name if e["available"] else f"{name} (not available here)", name)
-                   for name, e in self.engines.items()]
-        return widgets.Dropdown(options=options, value=value if value in self.engines else "ort", description=label,
-                                layout=widgets.Layout(width="330px"))
-
     @property
     def reference(self) -> str:
-        return _spec(self.ref_engine.value, self.ref_variant.value)
+        return self.pair.reference
 
     @property
     def candidate(self) -> str:
-        return _spec(self.cand_engine.value, self.cand_variant.value)
+        return self.pair.candidate
 
     def _on_engine(self, _change: Any = None) -> None:
-        chosen = dict.fromkeys([self.ref_engine.value, self.cand_engine.value])
-        problems = [f"{name}: {self.engines[name]['reason']}" for name in chosen if not self.engines[name]["available"]]
-        if self.ref_engine.value == "ref" and self.ref_variant.value == "int8" or \
-                self.cand_engine.value == "ref" and self.cand_variant.value == "int8":
-            problems.append("ref: the reference evaluator has no INT8 variant (use ort:int8)")
+        problems = self.pair.problems()
         hints = []
         if self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
             hints.append("ONNX Runtime's CPU provider computes most FP16 ops in FP32: converter clamps show, FP16 "
@@ -283,9 +265,6 @@ class ComparePanel(widgets.VBox):
             return
         self.save_note.value = message_html(f"saved {written}", "ok")
 
-
-def _spec(engine: str, variant: str) -> str:
-    return engine if variant == "fp32" else f"{engine}:{variant}"
 
 
 def _precision_html(precision: dict, what: str) -> str:

@@ -27,6 +27,7 @@ from traitlets import Bool, List, Unicode
 
 from .._atomic import umask
 from ..errors import InputError
+from .engine_pair import EnginePair
 from .figures import clear, show_figure
 from .inputs_box import InputsBox
 from .jobs import JobControls
@@ -37,7 +38,6 @@ from .tables import fmt, table_html
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("fp32", "fp16", "int8")
 #: files up to this size are offered as an in-page download (a data: URL in the widget); bigger ones by path
 MAX_INLINE_BYTES = 8 * 2**20
 
@@ -63,18 +63,11 @@ class RepairPanel(widgets.VBox):
 
     def __init__(self, model: Any = None, *, state: WorkbenchState | None = None, reference: str = "ort",
                  candidate: str = "ort:fp16", compare: Any = None, **load_kwargs: Any) -> None:
-        from ..engines import available_engines
-
         self.state = WorkbenchState.of(model, state=state, **load_kwargs)
-        self.engines = {e["name"]: e for e in available_engines()}
-        ref_engine, _, ref_variant = reference.partition(":")
-        cand_engine, _, cand_variant = candidate.partition(":")
-        self.ref_engine = self._engine_picker("reference", ref_engine)
-        self.ref_variant = widgets.Dropdown(options=VARIANTS, value=ref_variant or "fp32",
-                                            layout=widgets.Layout(width="90px"))
-        self.cand_engine = self._engine_picker("candidate", cand_engine)
-        self.cand_variant = widgets.Dropdown(options=VARIANTS, value=cand_variant or "fp32",
-                                             layout=widgets.Layout(width="90px"))
+        self.pair = EnginePair(reference, candidate)
+        self.engines = self.pair.engines
+        self.ref_engine, self.ref_variant = self.pair.ref_engine, self.pair.ref_variant
+        self.cand_engine, self.cand_variant = self.pair.cand_engine, self.pair.cand_variant
         self.cand_file = widgets.Text(placeholder="optional: your own converted model (.onnx) as the candidate",
                                       description="cand. file", layout=widgets.Layout(width="520px"))
         self.engine_note = widgets.HTML()
@@ -108,8 +101,7 @@ class RepairPanel(widgets.VBox):
         self.report_zip: Path | None = None
         self._problems: list[str] = []
         self._links: list[Any] = []
-        for w in (self.ref_engine, self.cand_engine, self.ref_variant, self.cand_variant):
-            w.observe(self._on_engine, "value")
+        self.pair.observe(self._on_engine)
         self.jobs.cancel_button.observe(self._on_job_state, "disabled")
         self.state.observe(self._on_model, "model")
         if compare is not None:
@@ -130,26 +122,16 @@ class RepairPanel(widgets.VBox):
         self._clear(message_html("no repair yet: choose the engines and a target, then press Run", "info"))
 
     # --- engines ---------------------------------------------------------------------------------------------
-    def _engine_picker(self, label: str, value: str) -> widgets.Dropdown:
-        options = [(name if e["available"] else f"{name} (not available here)", name)
-                   for name, e in self.engines.items()]
-        return widgets.Dropdown(options=options, value=value if value in self.engines else "ort", description=label,
-                                layout=widgets.Layout(width="330px"))
-
     @property
     def reference(self) -> str:
-        return _spec(self.ref_engine.value, self.ref_variant.value)
+        return self.pair.reference
 
     @property
     def candidate(self) -> str:
-        return _spec(self.cand_engine.value, self.cand_variant.value)
+        return self.pair.candidate
 
     def _on_engine(self, _change: Any = None) -> None:
-        chosen = dict.fromkeys([self.ref_engine.value, self.cand_engine.value])
-        problems = [f"{name}: {self.engines[name]['reason']}" for name in chosen if not self.engines[name]["available"]]
-        if (self.ref_engine.value, self.ref_variant.value) == ("ref", "int8") or \
-                (self.cand_engine.value, self.cand_variant.value) == ("ref", "int8"):
-            problems.append("ref: the reference evaluator has no INT8 variant (use ort:int8)")
+        problems = self.pair.problems()
         self._problems = problems
         hint = ""
         if self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
@@ -341,9 +323,6 @@ class RepairPanel(widgets.VBox):
 
 
 # --- formatting (no numerics: values come from the result document) -------------------------------------------
-def _spec(engine: str, variant: str) -> str:
-    return engine if variant == "fp32" else f"{engine}:{variant}"
-
 
 def highlight_ids(nodes: list[str]) -> list[str]:
     """The graph ids to ring for ``nodes``: each node and every name scope holding it (a collapsed view shows a

@@ -1,0 +1,61 @@
+"""The reference/candidate engine pickers the Compare and Repair panels share, and what they say about a choice."""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+
+VARIANTS = ("fp32", "fp16", "int8")
+
+
+def spec(engine: str, variant: str) -> str:
+    """``ENGINE[:VARIANT]`` as the core takes it."""
+    return engine if variant == "fp32" else f"{engine}:{variant}"
+
+
+class EnginePair:
+    """Four dropdowns (reference engine and variant, candidate engine and variant), filled from what is installed
+    here; :meth:`problems` lists why the chosen pair cannot run (an engine unavailable, a variant the engine does
+    not have, from each engine's own declared variants)."""
+
+    def __init__(self, reference: str, candidate: str):
+        from ..engines import available_engines
+
+        self.engines = {e["name"]: e for e in available_engines()}
+        ref_engine, _, ref_variant = reference.partition(":")
+        cand_engine, _, cand_variant = candidate.partition(":")
+        self.ref_engine = self._picker("reference", ref_engine)
+        self.ref_variant = widgets.Dropdown(options=VARIANTS, value=ref_variant or "fp32",
+                                            layout=widgets.Layout(width="90px"))
+        self.cand_engine = self._picker("candidate", cand_engine)
+        self.cand_variant = widgets.Dropdown(options=VARIANTS, value=cand_variant or "fp32",
+                                             layout=widgets.Layout(width="90px"))
+
+    def _picker(self, label: str, value: str) -> widgets.Dropdown:
+        options = [(name if e["available"] else f"{name} (not available here)", name)
+                   for name, e in self.engines.items()]
+        return widgets.Dropdown(options=options, value=value if value in self.engines else "ort", description=label,
+                                layout=widgets.Layout(width="330px"))
+
+    @property
+    def reference(self) -> str:
+        return spec(self.ref_engine.value, self.ref_variant.value)
+
+    @property
+    def candidate(self) -> str:
+        return spec(self.cand_engine.value, self.cand_variant.value)
+
+    def observe(self, handler) -> None:
+        for w in (self.ref_engine, self.ref_variant, self.cand_engine, self.cand_variant):
+            w.observe(handler, "value")
+
+    def problems(self) -> list[str]:
+        """Why the chosen pair cannot run here (empty: it can)."""
+        chosen = dict.fromkeys([self.ref_engine.value, self.cand_engine.value])
+        out = [f"{name}: {self.engines[name]['reason']}" for name in chosen if not self.engines[name]["available"]]
+        for engine, variant in ((self.ref_engine.value, self.ref_variant.value),
+                                (self.cand_engine.value, self.cand_variant.value)):
+            variants = self.engines[engine].get("variants") or VARIANTS
+            if variant not in variants:
+                hint = " (use ort:int8)" if engine == "ref" and variant == "int8" else ""
+                out.append(f"{engine}: the engine has no {variant} variant; it runs {', '.join(variants)}{hint}")
+        return out
