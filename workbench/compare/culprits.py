@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 
-from ..core.metric_info import HIGHER_IS_BETTER
 from ..core.metrics import ErrorStats
 from .criterion import Criterion
 from .result import Culprit
@@ -83,7 +82,3 @@ def rank(culprits: list[Culprit], crit: Criterion) -> list[Culprit]:
         return (harmless, not c.introduces_divergence, -crit.badness(judged_metrics(c, crit.metric)), c.topo_index)
 
     return sorted(culprits, key=key)
-
-
-def worse_first(metric: str) -> bool:
-    return metric in HIGHER_IS_BETTER

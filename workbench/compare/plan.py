@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
 import time
 import weakref
@@ -30,7 +29,7 @@ from ..engines.base import Engine
 from ..engines.spec import EngineSpec
 from ..errors import SpecError
 from ..model.graph import GraphInfo
-from ..model.load import LoadedModel, load_model
+from ..model.load import LoadedModel, is_torch_module, load_model
 from ..model.precision import Precision, infer_precision, lossier, module_precision
 from .criterion import Criterion
 from .floor import tensor_formats
@@ -53,11 +52,6 @@ def make_engine(spec: EngineSpec, *, isolate: bool | None = None, options: dict 
 
         return IsolatedEngine(spec.engine, opts, timeout_s=timeout_s or 600)
     return get_engine(spec.engine, **opts)
-
-
-def is_torch_module(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.nn.Module)
 
 
 class ComparisonPlan:

@@ -3,7 +3,7 @@ to serialize it (no copy of the weights).
 
 Engines hand ONNX Runtime and OpenVINO serialized bytes, so a marked *copy* of a model is only ever serialized
 and dropped: on a transformer that copy is hundreds of MB per session. :func:`temporarily` swaps the graph's
-outputs in place under a per-model lock and restores them, and :func:`marked_bytes` serializes in between.
+outputs in place under a lock and restores them, for the moment a serialization takes.
 """
 
 from __future__ import annotations
@@ -67,9 +67,3 @@ def temporarily(model: onnx.ModelProto, names: Sequence[str], keep_original: boo
         finally:
             del model.graph.output[:]
             model.graph.output.extend(saved)
-
-
-def marked_bytes(model: onnx.ModelProto, names: Sequence[str]) -> bytes:
-    """``model`` serialized with ``names`` as its outputs, without copying the model."""
-    with temporarily(model, names) as marked:
-        return marked.SerializeToString()

@@ -103,7 +103,7 @@ def load_model(
     """
     if isinstance(source, LoadedModel):
         return source
-    if _is_torch_module(source):
+    if is_torch_module(source):
         from .torch_export import export_module
 
         return export_module(
@@ -128,7 +128,7 @@ def load_model(
     )
 
 
-def _is_torch_module(obj: Any) -> bool:
+def is_torch_module(obj: Any) -> bool:
     torch = sys.modules.get("torch")  # never import torch just to check
     return torch is not None and isinstance(obj, torch.nn.Module)
 

@@ -120,8 +120,3 @@ def module_precision(module: Any) -> Precision:
     name, nbytes = sizes.most_common(1)[0]
     short = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}.get(name, "fp32")
     return Precision(short, f"torch module: {name} holds {100 * nbytes / sum(sizes.values()):.0f}% of parameter bytes")
-
-
-def declared(variant: str, spec: str) -> Precision:
-    """The precision a spec's variant asks for, when there is no model to read it from."""
-    return Precision(variant, f"from the spec '{spec}'")
