@@ -14,7 +14,7 @@ from workbench.cli import main
 from workbench.compare.api import compare
 from workbench.errors import WorkbenchError
 from workbench.report import load_bundle, rerun_bundle, save_bundle
-from workbench.report.safety import BundleError, ModelMismatchError
+from workbench.report.safety import BundleError, ModelMismatchError, seal_manifest
 
 CLAMP = SAMPLES / "fp16_clamp_constant.onnx"
 BN_NODE = "/bn_big_var/BatchNormalization"
@@ -165,7 +165,7 @@ def test_rerun_says_what_changed(tmp_path):
     path = save_bundle(r, dest=tmp_path / "b", compare_kwargs={"keep_fp32": [BN_NODE]})
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["versions"]["onnxruntime"] = "1.0.0"
-    (path / "manifest.json").write_text(json.dumps(manifest))
+    (path / "manifest.json").write_text(json.dumps(seal_manifest(manifest)))  # a deliberate edit, re-sealed
     report = rerun_bundle(path)
     assert not report.reproduced and report.exit_code == 0
     doc = report.to_json()

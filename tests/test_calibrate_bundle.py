@@ -14,6 +14,7 @@ from workbench.calibrate.bundle import save_calibration_bundle
 from workbench.cli import main
 from workbench.report.calibration_html import write_calibration_report
 from workbench.report.rerun import rerun_bundle
+from workbench.report.safety import seal_manifest
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_changed_options_are_reported_per_threshold(outlier_report, tmp_path, ca
     bundle = save_calibration_bundle(report, tmp_path / "b")
     manifest = json.loads((bundle / "manifest.json").read_text())
     manifest["calibrate"]["percentile"] = 99.9  # e.g. a colleague's changed setting
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    (bundle / "manifest.json").write_text(json.dumps(seal_manifest(manifest)))  # a deliberate edit, re-sealed
     assert main(["rerun", str(bundle)]) == 1
     out = capsys.readouterr().out
     assert "NOT REPRODUCED" in out and "percentile" in out and "/mlp/fc2/Add_output_0" in out

@@ -313,3 +313,59 @@ def test_report_escapes_hostile_names(tmp_path):
     assert "<img src=x" not in body  # outside the JSON blob: escaped markup
     assert "</script" not in blob.split("</script>")[0]  # inside it: "</" escaped, so it cannot close the script
     assert "&lt;/script&gt;&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in text
+
+
+@pytest.fixture(scope="module")
+def outlier_calibration():
+    from workbench.calibrate import calibrate
+
+    return calibrate(SAMPLES / "int8_outlier.onnx", 16, eval_data=4)
+
+
+def test_calibration_report_names_each_rule_and_puts_the_notes_first(outlier_calibration, tmp_path):
+    import html
+
+    from workbench.calibrate.methods import RULES
+    from workbench.report.calibration_html import write_calibration_report
+
+    report = outlier_calibration
+    assert any("ranks the tensors, but" in n for n in report.notes)  # entropy is far worse here: a note says so
+    body = _body(write_calibration_report(report, tmp_path / "cal.html", top=2).read_text())
+    top = body.split("<h2>Summary</h2>", 1)[0]
+    assert 'class="notes"' in top and all(html.escape(n) in top for n in report.notes)
+    summary = _section(body, "Summary")
+    assert "<th>ranking rule</th><td><b>entropy</b>: " + html.escape(RULES["entropy"].label) in summary
+    assert "each rule&#x27;s default" in summary  # percentile=None: each rule's own
+    rules = _section(body, "Rules")
+    assert rules.count("<tr") == 1 + len(report.methods)
+    for m, s in report.summary.items():
+        assert f"<td>{html.escape(m)}</td><td>{html.escape(s['toolchain'])}</td>" in rules
+        assert html.escape(s["rule"]) in rules
+    assert rules.count('class="chosen"') == 1 and "ranks the tensors" in rules
+    ranges = _section(body, "Ranges (amax) of the most sensitive tensors")
+    head = ranges.split("</thead>", 1)[0]
+    assert all(f"<th>{html.escape(f'{m} ({RULES[m].toolchain})')}</th>" in head for m in report.methods)
+    lo, hi = report.bounds["ort-entropy"][report.sensitivity[0].tensor]
+    assert f"[{lo:.4g}, {hi:.4g}]" in ranges  # the asymmetric ONNX Runtime bounds
+    assert "entropy (TensorRT)" in body and "ort-percentile (ONNX Runtime)" in body  # the plots' legends
+
+
+def test_calibration_text_lists_the_rules_their_scores_and_the_notes(outlier_calibration):
+    from workbench.calibrate.methods import RULES
+    from workbench.calibrate.text import render
+
+    report = outlier_calibration
+    text = render(report, top=2)
+    rules = text.split("Rules (", 1)[1].split("\nSQNR:", 1)[0].splitlines()
+    assert rules[0].endswith("ranked under entropy (TensorRT)):")
+    by_rule = {line.split()[0]: line for line in rules[1:1 + len(report.methods)]}
+    assert list(by_rule) == report.methods
+    for m, line in by_rule.items():
+        median = report.summary[m]["median_worst_sqnr_db"]
+        assert RULES[m].label in line and f"median worst {median:.1f} dB" in line
+        assert f"best on {report.summary[m]['tensors_best']} tensor(s)" in line
+        assert line.endswith("<- ranks the tensors") == (m == "entropy")
+    assert "[percentile 99.99]" in by_rule["percentile"] and "[percentile 99.999]" in by_rule["ort-percentile"]
+    assert all(f"note: {n}" in text for n in report.notes)
+    assert text.index("note: ") < text.index("Worst tensors per rule")  # the notes come before the details
+    assert "  ort-entropy (ONNX Runtime):" in text

@@ -22,7 +22,7 @@ from workbench.cli import main
 from workbench.errors import WorkbenchError
 from workbench.report import load_bundle, rerun_bundle, save_bundle
 from workbench.report.interop import read_run_results
-from workbench.report.safety import sha256_file
+from workbench.report.safety import seal_manifest, sha256_file
 
 
 class _Trap:
@@ -60,7 +60,7 @@ def _save_manifest(bundle: Path, m: dict, rehash: bool = True) -> None:
     if rehash:  # keep the integrity map consistent, so the refusal under test is the one that fires
         m["files"] = {rel: sha256_file(bundle / rel) for rel in m["files"] if (bundle / rel).is_file()
                       and not (bundle / rel).is_symlink()}
-    (bundle / "manifest.json").write_text(json.dumps(m))
+    (bundle / "manifest.json").write_text(json.dumps(seal_manifest(m)))  # the manifest's own seal too
 
 
 def _secret(d: Path) -> Path:

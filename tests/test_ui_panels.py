@@ -373,24 +373,72 @@ def test_model_panel_compatibility_for_chosen_targets():
 
 
 def test_calibration_panel_ranks_tensors_and_exports_outside_the_cwd(chdir_tmp):
+    import html
+
+    from workbench.calibrate.methods import METHODS, RULES
+
     panel = CalibrationPanel(SAMPLES / "int8_outlier.onnx")
     assert panel.cache_button.disabled and panel.qdq_button.disabled
+    # every rule is offered and selected, each shown with whose threshold it reproduces
+    assert panel.methods.value == METHODS and len(METHODS) == 6
+    assert dict((v, k) for k, v in panel.methods.options) == {m: f"{m} — {RULES[m].label}" for m in METHODS}
+    assert panel.rule_percentile.value and panel.percentile.disabled  # each rule's own percentile by default
+    assert panel.ort_entropy_bins.value == 128
     panel.data_count.value, panel.eval_count.value = 16, 4
     panel.run()
     assert panel.wait(180) and panel.jobs.error is None, panel.jobs.status.value
+    report = panel.state.calibration
+    assert report.config["percentile"] is None and report.config["ort_entropy_bins"] == 128
+    assert report.methods == list(METHODS) and report.method == "entropy"
     assert panel.tensor.value == "/mlp/fc2/Add_output_0"  # the planted outlier is the most sensitive
     text = _outputs_text(panel.histogram)
     assert "|x| over the calibration data" in text and "clips" in text and "evaluation" in text
-    assert "entropy" in panel.tensor_note.value
+    assert "entropy (TensorRT)" in text and "ort-entropy (ONNX Runtime)" in text
+    assert "entropy" in panel.tensor_note.value and "ONNX Runtime" in panel.tensor_note.value
+    # the rules table: one row per rule, labelled, the ranking rule marked
+    rules = panel.rules.value
+    assert rules.count("<tr") == 1 + 6
+    assert all(html.escape(RULES[m].label) in rules for m in METHODS)
+    assert rules.count('class="first"') == 1 and "ranks the tensors" in rules
+    assert "percentile 99.99<" in rules and "percentile 99.999<" in rules and "128 bins" in rules
+    # the notes (here: entropy is far worse than another rule at the median tensor) come first, as warnings
+    assert report.notes and any("ranks the tensors, but" in n for n in report.notes)
+    summary = panel.summary.value
+    assert summary.startswith('<div class="wb-msg wb-warn">')
+    assert all(html.escape(n) in summary for n in report.notes)
+    assert summary.index("ranks the tensors, but") < summary.index("tensors calibrated")
+    # export: options name their rule; the messages say which rule the files carry
+    assert dict(panel.export_method.options)[f"percentile — {RULES['percentile'].label}"] == "percentile"
     panel.export_method.value = "percentile"
     cache = panel.export_cache()
     assert cache is not None and cache.exists() and cache.read_text().startswith("TRT-")
+    assert html.escape(f"written with 'percentile' ({RULES['percentile'].label}) thresholds: {cache}") \
+        in panel.export_note.value
+    panel.export_method.value = "ort-percentile"
     panel.qdq_path.value = "exported.qdq.onnx"  # relative: goes under the output folder
     panel.export_qdq()
     assert panel.wait(180), panel.export_note.value
-    assert "QDQ model (percentile) saved" in panel.export_note.value
+    assert html.escape(f"QDQ model saved with 'ort-percentile' ({RULES['ort-percentile'].label}) ranges") \
+        in panel.export_note.value
     assert (panel.state.out_dir() / "exported.qdq.onnx").exists()
     assert list(chdir_tmp.iterdir()) == [], "nothing is written to the working directory"
+
+
+def test_calibration_panel_passes_an_explicit_percentile_bins_and_ranking_rule():
+    panel = CalibrationPanel(SAMPLES / "int8_outlier.onnx")
+    panel.rule_percentile.value = False
+    assert not panel.percentile.disabled
+    panel.percentile.value, panel.ort_entropy_bins.value = 99.9, 256
+    panel.methods.value = ("entropy", "ort-percentile")
+    panel.rank_method.value = "mse"  # not among the rules picked: computed too
+    panel.data_count.value, panel.eval_count.value = 4, 0
+    panel.run()
+    assert panel.wait(180) and panel.jobs.error is None, panel.jobs.status.value
+    report = panel.state.calibration
+    assert report.config["percentile"] == 99.9 and report.config["ort_entropy_bins"] == 256
+    assert report.methods == ["entropy", "ort-percentile", "mse"] and report.method == "mse"
+    assert panel.rules.value.count("<tr") == 1 + 3 and "percentile 99.9<" in panel.rules.value
+    assert [v for _, v in panel.export_method.options] == report.methods and panel.export_method.value == "mse"
 
 
 def test_calibration_failure_is_a_message(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -59,27 +60,67 @@ def test_inventory_bar_counts_every_op():
 
 
 def test_calibration_histogram_marks_every_method(calibration):
-    from workbench.plots.calibration import calibration_histogram
+    from workbench.calibrate.methods import METHODS
+    from workbench.plots.calibration import calibration_histogram, rule_tag
 
+    assert calibration.methods == list(METHODS)  # all six rules by default
     tensor = calibration.sensitivity[0].tensor
     fig = calibration_histogram(calibration, tensor)
     assert fig.layout.yaxis.type == "log"
-    assert len(fig.layout.shapes) == len(calibration.methods)  # one vertical line per method
+    assert len(fig.layout.shapes) == len(calibration.methods)  # one vertical line per rule
     xs = sorted(s.x0 for s in fig.layout.shapes)
     assert xs == sorted(calibration.ranges[m][tensor] for m in calibration.methods)
-    notes = " ".join(a.text for a in fig.layout.annotations)
-    assert all(m in notes for m in calibration.methods) and "clips" in notes and "(used)" in notes
-    assert [t.name.split(" ")[0] for t in fig.data] == ["calibration", "evaluation"]
+    assert [t.name.split(" ")[0] for t in fig.data[:2]] == ["calibration", "evaluation"]
+    # a legend entry per rule, named with its toolchain, with what it clips and the SQNR it leaves
+    legend = {t.name.split(":")[0].removesuffix(", used"): t.name for t in fig.data[2:]}
+    assert set(legend) == {rule_tag(m) for m in calibration.methods}
+    assert "entropy (TensorRT)" in legend and "ort-entropy (ONNX Runtime)" in legend
+    assert all("clips" in name and " dB" in name for name in legend.values())
+    assert legend[rule_tag(calibration.method)].startswith(rule_tag(calibration.method) + ", used:")
+    for m, by in calibration.bounds.items():  # the asymmetric ONNX Runtime rules give (lowest, highest)
+        lo, hi = by[tensor]
+        assert lo != -hi and f"[{lo:.4g}, {hi:.4g}]" in legend[rule_tag(m)]
+    # short labels on the plot: every rule named once, at distinct heights, left to right
+    notes = [a.text for a in fig.layout.annotations]
+    assert sorted(n for text in notes for n in text.split(":")[0].replace(" (used)", "").split(" = ")) \
+        == sorted(calibration.methods)
+    assert sum("(used)" in text for text in notes) == 1
+    ys = [a.y for a in fig.layout.annotations]
+    assert len(set(ys)) == len(ys), "labels are staggered, never on one line"
+    assert [a.x for a in fig.layout.annotations] == sorted(a.x for a in fig.layout.annotations)
     assert len(fig.data[0].x) <= 512, "bars are merged to stay light"
     assert sum(fig.data[0].y) == pytest.approx(1.0)
-    assert len(calibration_histogram(calibration, tensor, show_eval=False).data) == 1
+    plain = calibration_histogram(calibration, tensor, show_eval=False)
+    assert [t.name.split(" ")[0] for t in plain.data[:1]] == ["calibration"]
+    assert len(plain.data) == 1 + len(calibration.methods)  # no evaluation trace
+
+
+def test_threshold_labels_merge_where_lines_coincide(calibration):
+    from workbench.plots.calibration import calibration_histogram
+
+    tensor = calibration.sensitivity[0].tensor
+    report = copy.copy(calibration)
+    report.ranges = {m: dict(r) for m, r in calibration.ranges.items()}
+    report.ranges["mse"][tensor] = report.ranges["max"][tensor]  # two rules on one threshold: one label
+    fig = calibration_histogram(report, tensor)
+    assert len(fig.layout.shapes) == 6 and len(fig.layout.annotations) <= 5
+    assert any("max" in a.text and "mse" in a.text and " = " in a.text for a in fig.layout.annotations)
+
+
+def test_every_rule_has_its_own_color():
+    from workbench.calibrate.methods import METHODS
+    from workbench.plots.calibration import EVAL_COLOR, METHOD_COLORS
+
+    colors = [METHOD_COLORS[m] for m in (*METHODS, "imported")]
+    assert len(set(colors)) == len(colors) and EVAL_COLOR not in colors
 
 
 def test_sensitivity_bars_one_trace_per_method(calibration):
-    from workbench.plots.calibration import sensitivity_bars
+    from workbench.plots.calibration import rule_tag, sensitivity_bars
 
     fig = sensitivity_bars(calibration, top=5)
-    assert [t.name for t in fig.data] == calibration.methods
+    assert [t.name for t in fig.data] == [rule_tag(m) for m in calibration.methods]
+    assert "entropy (TensorRT)" in fig.layout.title.text
     assert list(fig.data[0].y) == [e.tensor for e in calibration.sensitivity[:5]]
 
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .errors import WorkbenchError
+from .core.paths import Output, check_outputs
+from .errors import Cancelled, WorkbenchError
+from .textfmt import printable, printable_lines
 
 log = logging.getLogger("workbench")
 
@@ -43,11 +47,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .inspection import inspect_model
     from .inspection_text import render
 
+    check_outputs([Output("--json", args.json)], models={"MODEL": args.model})
     result = inspect_model(args.model, targets=args.targets or None, probe=not args.no_probe)
     if args.json:
         _write_json(result.to_json(), args.json)
     if args.json != "-":
-        print(render(result))
+        print(printable_lines(render(result)))
     return EXIT_OK
 
 
@@ -57,6 +62,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .compare.text import render
     from .inputs import parse_range_overrides, parse_shape_overrides
 
+    check_outputs([Output("--json", args.json), Output("--report", args.report),
+                   Output("--bundle", args.bundle, "new")],
+                  models={"MODEL": args.model, "--cand-model": args.cand_model},
+                  inputs={"--inputs": args.inputs, "--calib": args.calib})
     if args.criterion:
         Criterion.parse(args.criterion)  # a bad criterion fails before the comparison, not after
     result = compare(
@@ -73,7 +82,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         _write_json(result.to_json(), args.json)
     _save_report_and_bundle(args, result)
     if args.json != "-":
-        print(render(result))
+        print(printable_lines(render(result)))
     return EXIT_DIVERGED if result.failed else EXIT_OK
 
 
@@ -95,35 +104,38 @@ def _save_report_and_bundle(args: argparse.Namespace, result) -> None:
 
         zipped = args.bundle.lower().endswith(".zip")
         path = save_bundle(result, dest=args.bundle, zip=zipped, tensors=values)
-        print(f"workbench: bundle written to {path} (rerun it: workbench rerun {path})", file=sys.stderr)
+        _say(f"bundle written to {path} (rerun it: workbench rerun {path})")
     if args.report:
         from .report.html import write_report
 
         write_report(result, args.report, tensors=values)
-        print(f"workbench: report written to {args.report}", file=sys.stderr)
+        _say(f"report written to {args.report}")
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
     from .report.rerun import rerun_bundle
 
+    check_outputs([Output("--json", args.json)], models={"--model": args.model, "--cand-model": args.cand_model},
+                  inputs={"BUNDLE": args.bundle})
     report = rerun_bundle(args.bundle, model=args.model, cand_model=args.cand_model,
                           progress=_progress_logger() if args.verbose else None)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
-        print(report.render())
+        print(printable_lines(report.render()))
     return report.exit_code
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from .report.diff import diff_results
 
+    check_outputs([Output("--json", args.json)], inputs={"A": args.a, "B": args.b})
     diff = diff_results(args.a, args.b, metric=args.metric, labels=(os.path.basename(args.a.rstrip("/")) or "A",
                                                                     os.path.basename(args.b.rstrip("/")) or "B"))
     if args.json:
         _write_json(diff.to_json(), args.json)
     if args.json != "-":
-        print(diff.render(top=args.top))
+        print(printable_lines(diff.render(top=args.top)))
     return EXIT_OK
 
 
@@ -132,6 +144,8 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     from .inputs import parse_shape_overrides
     from .reduce import command_line, reduce
 
+    check_outputs([Output("--out", args.out, "folder"), Output("--json", args.json)],
+                  models={"MODEL": args.model, "--cand-model": args.cand_model}, inputs={"--inputs": args.inputs})
     if args.criterion:
         Criterion.parse(args.criterion)  # a bad criterion fails before the comparison, not after
     options = {"criterion": args.criterion, "seed": args.seed, "feed_count": args.feeds,
@@ -144,7 +158,7 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(result.to_json(), args.json)
     if args.json != "-":
-        print(result.render())
+        print(printable_lines(result.render()))
     return EXIT_OK if result.reproduced else EXIT_DIVERGED
 
 
@@ -153,11 +167,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate.report import read_thresholds
     from .calibrate.text import render
 
+    check_outputs([Output("--cache", args.cache), Output("--qdq", args.qdq), Output("--json", args.json),
+                   Output("--report", args.report), Output("--bundle", args.bundle, "new"),
+                   *Output.files_in("--ort-table", args.ort_table, ("calibration.json", "calibration.flatbuffers",
+                                                                    "calibration.cache"))],
+                  models={"MODEL": args.model},
+                  inputs={"--data": _feeds_arg(args.data), "--import-cache": args.import_cache,
+                          "--eval-data": _feeds_arg(args.eval_data) if args.eval_data else None})
     if args.import_cache:
         read_thresholds(args.import_cache)  # a bad file fails before the calibration, not after
     report = calibrate(
         args.model, _feeds_arg(args.data), eval_data=_feeds_arg(args.eval_data) if args.eval_data else None,
-        method=args.method, percentile=args.percentile, num_bins=args.num_bins, memory_budget=args.memory_budget,
+        methods=args.methods, method=args.method, percentile=args.percentile, num_bins=args.num_bins,
+        ort_entropy_bins=args.ort_entropy_bins, memory_budget=args.memory_budget,
         seed=args.seed, input_shapes=args.input_shapes, sweep=args.sweep, top_k=args.top_k,
         progress=_progress_logger() if args.verbose else None,
     )
@@ -166,11 +188,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         report.read_cache(args.import_cache)
     if args.cache:
         path = report.write_trt_cache(args.cache, version=args.cache_version)
-        written.append(f"TensorRT calibration cache ({report.method}): {path}")
+        written.append(f"TensorRT calibration cache ({report.method}: {report.rule(report.method)}): {path}")
     if args.ort_table:
-        written += [f"ORT calibration table: {p}" for p in report.write_ort_table(args.ort_table)]
-    if args.qdq:
-        written.append(f"QDQ model ({report.method}): {report.save_qdq(args.qdq)}")  # checked against FP32 too
+        written += [f"ORT calibration table ({report.method}): {p}" for p in report.write_ort_table(args.ort_table)]
+    if args.qdq:  # checked against FP32 too
+        written.append(f"QDQ model ({report.method}: {report.rule(report.method)}): {report.save_qdq(args.qdq)}")
     if args.report:
         from .report.calibration_html import write_calibration_report
 
@@ -182,9 +204,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
-        print(render(report, top=args.top))
+        print(printable_lines(render(report, top=args.top)))
         for line in written:
-            print(f"wrote {line}")
+            print(f"wrote {printable(line)}")
     return EXIT_OK
 
 
@@ -192,6 +214,11 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from .inputs import parse_shape_overrides
     from .repair.api import repair
 
+    metric_file = (args.metric or "").rpartition(":")[0]
+    check_outputs([Output("--out", args.out), Output("--out", args.out and f"{args.out}.data"),
+                   Output("--json", args.json), Output("--bundle", args.bundle, "new")],
+                  models={"MODEL": args.model, "--cand-model": args.cand_model},
+                  inputs={"--inputs": args.inputs, "--metric": metric_file if metric_file.endswith(".py") else None})
     result = repair(
         args.model, args.ref, args.cand, cand_model=args.cand_model, feeds=args.inputs, target=args.target,
         metric=args.metric, out=args.out, nodes=args.nodes, max_builds=args.max_builds, batch=args.batch,
@@ -202,11 +229,11 @@ def cmd_repair(args: argparse.Namespace) -> int:
     )
     if args.bundle:
         path = result.save_bundle(args.bundle, zip=args.bundle.lower().endswith(".zip"))
-        print(f"workbench: bundle written to {path} (rerun it: workbench rerun {path})", file=sys.stderr)
+        _say(f"bundle written to {path} (rerun it: workbench rerun {path})")
     if args.json:
         _write_json(result.to_json(), args.json)
     if args.json != "-":
-        print(result.render())
+        print(printable_lines(result.render()))
     return result.exit_code
 
 
@@ -217,19 +244,67 @@ def _feeds_arg(text: str):
     return text
 
 
-def _whole(lo: int):
-    """argparse type: a whole number >= ``lo``."""
+def _whole(lo: int, hi: int = 2**31 - 1):
+    """argparse type: a whole number in [``lo``, ``hi``]."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"{value} is below the minimum {lo}")
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is outside the allowed range {lo}..{hi}")
         return value
 
     parse.__name__ = "whole number"
     return parse
+
+
+def _number(lo: float, hi: float, *, above: bool = False):
+    """argparse type: a finite number in [``lo``, ``hi``] (``above``: strictly above ``lo``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and (value > lo if above else value >= lo) and value <= hi):
+            low = f"above {lo:g}" if above else f"at least {lo:g}"
+            raise argparse.ArgumentTypeError(f"{text} is outside the allowed range ({low}, at most {hi:g})")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _power_of_two(lo: int, hi: int):
+    """argparse type: a power of two in [``lo``, ``hi``]."""
+    whole = _whole(lo, hi)
+
+    def parse(text: str) -> int:
+        value = whole(text)
+        if value & (value - 1):
+            raise argparse.ArgumentTypeError(f"{value} is not a power of two ({lo}, {2 * lo}, ... {hi})")
+        return value
+
+    parse.__name__ = "power of two"
+    return parse
+
+
+def _size(text: str) -> str:
+    """argparse type: a memory size (512M, 2G), checked here and passed on as written."""
+    from .core.budget import parse_size
+
+    try:
+        parse_size(text)
+    except WorkbenchError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+    return text
+
+
+_size.__name__ = "memory size"
+#: ranges of the numeric options
+SEED = _whole(0, 2**63 - 1)
+COUNT = _whole(1, 100_000)
+ROWS = _whole(0, 100_000)
 
 
 def _progress_logger():
@@ -253,8 +328,8 @@ def _add_pair_arguments(p: argparse.ArgumentParser, cand_model_help: str) -> Non
     p.add_argument("--inputs", metavar="FILE", help=".npz, folder of .npz, or Polygraphy inputs JSON "
                    "(default: seeded random feeds)")
     p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
-    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
-    p.add_argument("--feeds", type=_whole(1), default=1, metavar="N", help="number of random feeds (default 1)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed for random feeds (default 0)")
+    p.add_argument("--feeds", type=COUNT, default=1, metavar="N", help="number of random feeds (default 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,18 +356,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["auto", "all", "bisect"], default="auto",
                    help="all: mark every tensor (chunked); bisect: one extra tensor per build; auto: all unless "
                    "the candidate is TensorRT")
-    p.add_argument("--memory-budget", metavar="SIZE", help="peak memory for marked tensors, e.g. 512M, 2G "
-                   "(default: a quarter of RAM, at most 4G)")
+    p.add_argument("--memory-budget", type=_size, metavar="SIZE", help="peak memory for marked tensors, e.g. 512M, "
+                   "2G (default: a quarter of RAM, at most 4G)")
     p.add_argument("--criterion", metavar="METRIC<VALUE", help="when a tensor diverges, e.g. sqnr_db<30, "
                    "norm_mean_abs>0.1 (default per candidate precision)")
     p.add_argument("--no-culprits", action="store_true", help="skip running nodes alone (faster)")
-    p.add_argument("--impact", type=_whole(0), default=5, metavar="N", help="measure what fixing each of the top N "
-                   "culprits gains on the outputs; harmless ones rank last (default 5, 0: off)")
+    p.add_argument("--impact", type=_whole(0, 10_000), default=5, metavar="N", help="measure what fixing each of "
+                   "the top N culprits gains on the outputs; harmless ones rank last (default 5, 0: off)")
     p.add_argument("--fail-on-internal-dips", action="store_true", help="exit 1 also when only internal tensors "
                    "fall under the criterion while the outputs pass (a stricter CI gate)")
     p.add_argument("--isolate", choices=["auto", "yes", "no"], default="auto",
                    help="run engines in a worker process (auto: TensorRT and GPU providers)")
-    p.add_argument("--timeout", type=float, metavar="S", help="worker timeout in seconds (isolated engines)")
+    p.add_argument("--timeout", type=_number(0, 7 * 86400, above=True), metavar="S",
+                   help="worker timeout in seconds (isolated engines), above 0, at most a week")
     p.add_argument("--json", metavar="OUT", help="write the workbench.compare/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report (plots work offline)")
     p.add_argument("--bundle", metavar="DIR", help="save a rerunnable bundle: model copy, feeds, options, results "
@@ -306,14 +382,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "Polygraphy inputs JSON, or a number N for N seeded random feeds")
     p.add_argument("--eval-data", metavar="FILE|DIR|N", help="evaluation feeds to check the calibration data "
                    "against (same forms; N random feeds use seed+1)")
-    p.add_argument("--method", choices=["max", "percentile", "entropy", "mse"], default="entropy",
-                   help="the method for the cache, the QDQ model, sensitivity and the checks (all four are "
-                   "computed; default: entropy, TensorRT's EntropyCalibration2)")
-    p.add_argument("--percentile", type=float, default=99.99, metavar="P", help="percentile method (default 99.99)")
-    p.add_argument("--num-bins", type=int, default=2048, metavar="N", help="histogram bins, a power of two "
-                   "(default 2048, TensorRT's)")
+    from .calibrate.methods import METHODS, RULES
+
+    rules = "; ".join(f"{m}: {RULES[m].label}" for m in METHODS)
+    p.add_argument("--method", choices=METHODS, default="entropy",
+                   help="the rule for the cache, the ORT table, the QDQ model, sensitivity and the checks "
+                   "(default: entropy, TensorRT's EntropyCalibration2)")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), metavar="RULE",
+                   help=f"the rules computed (default: all). {rules}")
+    p.add_argument("--percentile", type=_number(0, 100, above=True), default=None, metavar="P",
+                   help="percentile for both percentile rules, in (0, 100] (default: each rule's own, "
+                   "99.99 for ModelOpt's, 99.999 for ONNX Runtime's)")
+    p.add_argument("--ort-entropy-bins", type=_whole(128, 2**16), default=128, metavar="N",
+                   help="histogram bins of the ort-entropy rule, 128 to 65536 (default 128, ONNX "
+                   "Runtime's; its 128 levels then leave one window: max)")
+    p.add_argument("--num-bins", type=_power_of_two(2, 2**16), default=2048, metavar="N", help="histogram bins, "
+                   "a power of two from 2 to 65536 (default 2048, TensorRT's)")
     p.add_argument("--cache", metavar="OUT", help="write TensorRT's calibration cache of --method to OUT")
-    p.add_argument("--cache-version", type=int, default=100300, metavar="INT",
+    p.add_argument("--cache-version", type=_whole(0), default=100300, metavar="INT",
                    help="version in the cache's TRT-<version>-<Algo> header (default 100300: TensorRT 10.3)")
     p.add_argument("--ort-table", metavar="DIR", help="write ORT's calibration.json/.flatbuffers/.cache into DIR")
     p.add_argument("--import-cache", metavar="FILE", help="overlay thresholds from a TensorRT cache or ORT "
@@ -322,12 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "outputs with FP32 on ORT")
     p.add_argument("--sweep", action="store_true", help="quantize-only-this / keep-only-this-in-float sweep on the "
                    "top tensors, judged on the model's outputs")
-    p.add_argument("--top-k", type=int, default=16, metavar="K", help="tensors in the sweep (default 16)")
+    p.add_argument("--top-k", type=COUNT, default=16, metavar="K", help="tensors in the sweep (default 16)")
     p.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
-    p.add_argument("--memory-budget", metavar="SIZE", help="peak memory for marked tensors per feed, e.g. 512M, 2G "
-                   "(default: a quarter of RAM, at most 4G)")
-    p.add_argument("--seed", type=int, default=0, help="seed for random feeds (default 0)")
-    p.add_argument("--top", type=int, default=5, metavar="N", help="rows per section in the summary (default 5)")
+    p.add_argument("--memory-budget", type=_size, metavar="SIZE", help="peak memory for marked tensors per feed, "
+                   "e.g. 512M, 2G (default: a quarter of RAM, at most 4G)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed for random feeds (default 0)")
+    p.add_argument("--top", type=ROWS, default=5, metavar="N", help="rows per section in the summary (default 5)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.calibrate/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report (histograms with "
                    "each method's threshold, sensitivity, representativeness)")
@@ -347,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", metavar="A", help="results JSON (`compare --json`) or bundle: before")
     p.add_argument("b", metavar="B", help="results JSON or bundle: after")
     p.add_argument("--metric", help="metric to rank changes by (default: A's criterion metric)")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="largest changes to list (default 10)")
+    p.add_argument("--top", type=ROWS, default=10, metavar="N", help="largest changes to list (default 10)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.diff/1 JSON to OUT ('-' for stdout)")
     p.set_defaults(func=cmd_diff)
 
@@ -356,8 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pair_arguments(p, "the candidate side comes from this file (your own FP16/QDQ export)")
     p.add_argument("--node", metavar="NAME", help="reference node to reduce (default: the top harmful culprit)")
     p.add_argument("--out", required=True, metavar="DIR", help="new (or empty) folder for the files")
-    p.add_argument("--max-nodes", type=_whole(1), default=3, metavar="N", help="grow the subgraph up to N reference "
-                   "nodes when the node alone does not reproduce (default 3)")
+    p.add_argument("--max-nodes", type=_whole(1, 10_000), default=3, metavar="N", help="grow the subgraph up to N "
+                   "reference nodes when the node alone does not reproduce (default 3)")
     p.add_argument("--keep-fp32", nargs="+", metavar="NODE", help="nodes the fp16/int8 variant keeps in float32")
     p.add_argument("--criterion", metavar="METRIC<VALUE", help="when a tensor diverges (default per precision)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.reduce/1 JSON to OUT ('-' for stdout)")
@@ -373,12 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="FIXED.onnx", help="where to write the repaired model")
     p.add_argument("--nodes", nargs="+", metavar="NODE", help="search among these nodes (reference names, best "
                    "first) instead of the comparison's culprits")
-    p.add_argument("--max-builds", type=_whole(1), default=40, metavar="N", help="cap on candidate builds by the "
+    p.add_argument("--max-builds", type=COUNT, default=40, metavar="N", help="cap on candidate builds by the "
                    "search (default 40)")
     p.add_argument("--batch", choices=["auto", "switch", "build"], default="auto", help="switch: one switchable "
                    "model, a run per evaluated set; build: a build per set; auto: switch for FP16/BF16, build for Q/DQ")
-    p.add_argument("--memory-budget", metavar="SIZE", help="peak memory for the comparison's marked tensors, e.g. "
-                   "512M (default: a quarter of RAM, at most 4G)")
+    p.add_argument("--memory-budget", type=_size, metavar="SIZE", help="peak memory for the comparison's marked "
+                   "tensors, e.g. 512M (default: a quarter of RAM, at most 4G)")
     p.add_argument("--verify", default="ref", metavar="ENGINE", help="independent engine the repaired model is "
                    "verified on besides the candidate's (default: ref; none: skip)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
@@ -396,7 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         debug = args.debug
         level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+        before = set(logging.getLogger().handlers)
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        for handler in set(logging.getLogger().handlers) - before:  # ours: one escaped line per record
+            handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
         if not args.verbose:  # onnxruntime.quantization warns per tensor on the root logger: keep it for -v
             for handler in logging.getLogger().handlers:
                 handler.addFilter(lambda r: not (r.name == "root" and "onnxruntime" in r.pathname))
@@ -405,17 +494,55 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_BAD_INPUT
         return args.func(args)
     except WorkbenchError as e:
-        print(f"workbench: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        crashed = f"engine crash ({e.engine})" if getattr(e, "engine", None) else "engine crash"
+        _say(f"{crashed if e.exit_code == EXIT_INTERNAL else 'error'}: {e}")
+        return e.exit_code
+    except Cancelled as e:
+        _say(f"cancelled: {e.message}")
+        return e.exit_code
     except KeyboardInterrupt:
-        print("workbench: interrupted", file=sys.stderr)
+        _say("interrupted")
         return 130
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from writing again
         return EXIT_OK
+    except OSError as e:
+        if debug or e.errno not in _USER_ERRNOS:
+            return _internal(e, debug)
+        where = f": {e.filename}" if e.filename else ""
+        _say(f"error: {e.strerror or e}{where} -- {_USER_ERRNOS[e.errno]}")
+        return EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback unless asked
-        if debug:
-            raise
-        print(f"workbench: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-              "(rerun with --debug for the traceback and report it)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(e, debug)
+
+
+#: errors of the user's environment (full disk, read-only or forbidden folder, a file where a folder goes), not
+#: our bugs: what to do about each
+_USER_ERRNOS = {
+    errno.ENOSPC: "free disk space or write somewhere else", errno.EDQUOT: "free space in your quota",
+    errno.EFBIG: "write somewhere that takes files this large", errno.EROFS: "write to a writable file system",
+    errno.EACCES: "check the permissions or write somewhere else", errno.EPERM: "check the permissions",
+    errno.EISDIR: "name a file, not a folder", errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "a part of the path already exists as a file", errno.ENAMETOOLONG: "use a shorter path",
+    errno.ELOOP: "the path has a symbolic link loop", errno.ENOENT: "check the path",
+}
+
+
+def _internal(e: BaseException, debug: bool) -> int:
+    if debug:
+        raise e
+    first = str(e).splitlines()[0] if str(e) else ""
+    _say(f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback and report it)")
+    return EXIT_INTERNAL
+
+
+def _say(text: str) -> None:
+    """One line on stderr, control characters escaped (a model's names and paths cannot forge lines)."""
+    print(f"workbench: {printable(text)}", file=sys.stderr)
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log records as one line each: control characters in the message escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return printable(super().formatMessage(record))

@@ -1,16 +1,22 @@
 """Exception types: each says what is wrong and what to do about it.
 
-Every error the workbench raises on bad input derives from :class:`WorkbenchError`; the CLI turns
-one into a single line on stderr and exit code 2.
+Every error the workbench raises on purpose derives from :class:`WorkbenchError`; the CLI turns one into a
+single line on stderr and its ``exit_code``: 2 for a user-caused problem (bad model, inputs, options, output
+location), 3 for :class:`EngineCrashedError` (an engine died: not the user's fault). :class:`Cancelled` is not
+an error: the user stopped the job (CLI exit 130).
 """
 
 from __future__ import annotations
+
+#: exit codes of the CLI (see the module docstring)
+EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_CANCELLED = 2, 3, 130
 
 
 class WorkbenchError(Exception):
     """Base class. ``str(err)`` is one line: the problem, then ``hint`` (what to do)."""
 
     default_hint = ""
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, message: str, hint: str | None = None):
         self.message = message
@@ -34,6 +40,12 @@ class ModelFormatError(ModelLoadError):
     """The bytes are not a valid ONNX ModelProto (truncated, corrupt, random)."""
 
     default_hint = "the file is damaged or not ONNX; re-export or re-download the model"
+
+
+class ModelStructureError(ModelLoadError):
+    """The graph cannot run on any engine: a cycle, or a tensor produced twice."""
+
+    default_hint = "fix the exporter or the graph edit that made it; onnx.checker.check_model names the problem too"
 
 
 class ExternalDataError(ModelLoadError):
@@ -70,7 +82,15 @@ class EngineRunError(WorkbenchError):
 
 
 class EngineCrashedError(EngineRunError):
-    """An isolated engine worker died (segfault, out of memory) or hung past its timeout."""
+    """An isolated engine worker died (segfault, out of memory) or hung past its timeout. Still an
+    :class:`EngineRunError` (callers that fall back when an engine fails keep doing so), but not bad input:
+    the CLI exits 3 and names the engine (``engine``: its label)."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str, hint: str | None = None, *, engine: str | None = None):
+        self.engine = engine
+        super().__init__(message, hint)
 
 
 class InputError(WorkbenchError):
@@ -79,3 +99,16 @@ class InputError(WorkbenchError):
 
 class VariantError(WorkbenchError):
     """A precision variant (fp16, int8) could not be made from the model."""
+
+
+class Cancelled(Exception):
+    """The user cancelled a long-running job: not an error and not bad input, so ``except WorkbenchError``
+    fall-backs never swallow it (the CLI exits 130, a panel says "cancelled")."""
+
+    exit_code = EXIT_CANCELLED
+    default_hint = "run it again when ready"
+
+    def __init__(self, message: str = "cancelled", hint: str | None = None):
+        self.message = message
+        self.hint = self.default_hint if hint is None else hint
+        super().__init__(message)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .inspection import Inspection
-from .textfmt import human_bytes, table
+from .textfmt import human_bytes, printable, table
 
 
 def _shape(shape) -> str:
@@ -15,7 +15,7 @@ def render(result: Inspection) -> str:
     doc = result.to_json()
     m = doc["model"]
     lines = [
-        f"{m['name']}  sha256 {m['sha256'][:16]}  IR {doc['ir_version']}  "
+        f"{printable(m['name'])}  sha256 {m['sha256'][:16]}  IR {doc['ir_version']}  "
         f"producer {doc['producer']['name'] or '?'} {doc['producer']['version']}".rstrip(),
         f"nodes: {doc['nodes']} ({doc['nodes_total']} with subgraphs)   "
         f"params: {doc['params']['count']:,} ({human_bytes(doc['params']['bytes'])})",
@@ -29,7 +29,7 @@ def render(result: Inspection) -> str:
                      f"opset {e['actual_opset']} (asked {e['requested_opset']})")
     for label in ("inputs", "outputs"):
         lines.append(f"{label}:")
-        lines += [f"  {t['name']}  {t['dtype'] or '?'}  {_shape(t['shape'])}" for t in doc[label]]
+        lines += [f"  {printable(t['name'])}  {t['dtype'] or '?'}  {_shape(t['shape'])}" for t in doc[label]]
     lines += ["", "operators:", table(
         ["op_type", "domain", "count", "since", "in subgraphs", "deprecated"],
         [[r["op_type"], r["domain"], r["count"], r["since_version"], r["in_subgraphs"] or None,
@@ -52,8 +52,9 @@ def render(result: Inspection) -> str:
         used = f" [{', '.join(p.get('providers_used') or [])}]" if p.get("providers_used") else ""
         lines.append(f"probe: {p['runtime']} {p.get('version') or ''}{used}: {verdict}{where}")
         if p.get("error") and not p["ok"]:
-            lines.append(f"  {p['error']}")
+            lines.append(f"  {printable(p['error'])}")
     lines += ["", f"problems: {len(doc['problems']) or 'none'}"]
-    lines += [f"  {p['severity']:<7} {p['code']}: {p['message']}" + (f" [{p['node']}]" if p["node"] else "")
+    lines += [f"  {p['severity']:<7} {p['code']}: {printable(p['message'])}"
+              + (f" [{printable(p['node'])}]" if p["node"] else "")
               for p in doc["problems"]]
     return "\n".join(lines)

@@ -15,7 +15,8 @@ from .collect import activation_tensors, collect
 from .errors import rank_sensitivity, tensor_errors
 from .exceptions import CalibrationError
 from .histogram import check_num_bins
-from .methods import DEFAULT_PERCENTILE, METHODS, check_methods, check_percentile, compute_amax
+from .methods import DEFAULT_METHOD, METHODS, RULES, check_methods, check_percentile, compute_range, needs
+from .ort_rules import ENTROPY_BINS, QUANTIZED_BINS
 from .report import CalibrationReport, ModelRef
 from .represent import compare_histograms
 from .sweep import TOP_K, run_sweep
@@ -32,8 +33,9 @@ def calibrate(
     *,
     methods: Sequence[str] = METHODS,
     method: str | None = None,
-    percentile: float = DEFAULT_PERCENTILE,
+    percentile: float | None = None,
     num_bins: int = 2048,
+    ort_entropy_bins: int = ENTROPY_BINS,
     eval_data: Any = None,
     memory_budget: str | int | None = None,
     seed: int = 0,
@@ -47,20 +49,24 @@ def calibrate(
 
     ``data``/``eval_data``: anything :func:`workbench.inputs.feeds_from` takes (a dict, a list of dicts, an .npz,
     a folder of .npz, a Polygraphy inputs JSON) or an int N for N seeded random feeds (``seed``; evaluation
-    feeds use ``seed + 1``; ``input_shapes`` fixes dynamic dims). ``methods``: the ranges computed (max,
-    percentile at ``percentile``, entropy, mse); ``method``: the one sensitivity, representativeness and the
-    sweep use (default: entropy if computed, else the first). ``sweep``: run the top-``top_k`` sweep.
+    feeds use ``seed + 1``; ``input_shapes`` fixes dynamic dims). ``methods``: the rules computed (see
+    methods.py: max, entropy, percentile, mse as TensorRT/ModelOpt compute them, ort-entropy, ort-percentile
+    as ONNX Runtime's quantize_static does); ``percentile``: for both percentile rules (default: each rule's
+    own, 99.99 and 99.999); ``num_bins``: TensorRT's and ORT percentile's bins (2048); ``ort_entropy_bins``:
+    ORT entropy's (ORT's default 128). ``method``: the rule sensitivity, representativeness and the sweep use
+    (default: entropy, TensorRT's). ``sweep``: run the top-``top_k`` sweep.
     """
     from ..core.budget import parse_size
     from ..model.load import load_model
 
     t_start = time.perf_counter()
     methods = check_methods(methods)
-    chosen = check_methods(method)[0] if method else ("entropy" if "entropy" in methods else methods[0])
+    chosen = check_methods(method)[0] if method else (DEFAULT_METHOD if DEFAULT_METHOD in methods else methods[0])
     if chosen not in methods:
         methods = (*methods, chosen)
     percentile = check_percentile(percentile)
     num_bins = check_num_bins(num_bins)
+    ort_entropy_bins = _check_ort_bins(ort_entropy_bins)
     budget = parse_size(memory_budget)
     loaded = load_model(model)
     shapes = _shapes(input_shapes)
@@ -73,7 +79,9 @@ def calibrate(
     notes: list[str] = []
     timing: dict[str, float] = {}
 
-    calib = collect(loaded, feeds, tensors, num_bins=num_bins, budget=budget, progress=progress, cancel=cancel,
+    reads = needs(methods)
+    calib = collect(loaded, feeds, tensors, num_bins=num_bins, budget=budget, trt="trt" in reads,
+                    ort="ort" in reads, ort_entropy_bins=ort_entropy_bins, progress=progress, cancel=cancel,
                     span=spans["calib"])
     timing["collect_s"] = calib.seconds
     if calib.chunks > 1:
@@ -86,27 +94,41 @@ def calibrate(
                      "counted apart and left out of ranges and errors")
 
     t0 = time.perf_counter()
-    ranges = {m: {t: compute_amax(hists[t], m, percentile) for t in tensors} for m in methods}
+    bounds = {m: {t: compute_range(m, hists[t], trt=calib.trt.get(t), ort=calib.ort.get(t), percentile=percentile)
+                  for t in tensors} for m in methods}
+    ranges = {m: {t: max(abs(lo), abs(hi)) for t, (lo, hi) in b.items()} for m, b in bounds.items()}
     errors = {t: tensor_errors(hists[t], {m: ranges[m][t] for m in methods}) for t in tensors}
     sensitivity = rank_sensitivity(errors, chosen, tensors)
+    summary = method_summary(errors, methods, tensors)
+    note = chosen_note(summary, chosen)
+    if note:
+        notes.append(note)
     timing["ranges_s"] = time.perf_counter() - t0
 
     report = CalibrationReport(
         model=ModelRef(loaded.name, loaded.fingerprint), method=chosen, tensors=tensors, histograms=hists,
-        ranges=ranges, errors=errors, sensitivity=sensitivity,
+        ranges=ranges, errors=errors, sensitivity=sensitivity, trt_histograms=calib.trt, ort_histograms=calib.ort,
+        bounds={m: b for m, b in bounds.items() if RULES[m].reads == "ort"}, summary=summary,
         config={"methods": list(methods), "method": chosen, "percentile": percentile, "num_bins": num_bins,
+                "ort_entropy_bins": ort_entropy_bins, "ort_quantized_bins": QUANTIZED_BINS,
                 "feeds": len(feeds), "eval_feeds": len(eval_feeds) if eval_feeds else 0, "seed": seed,
                 "memory_budget": budget, "chunks": calib.chunks, "input_shapes": shapes or None},
         skipped=calib.skipped, notes=notes, timing=timing, source_model=loaded,
         sample_feeds=(eval_feeds or feeds)[:SAMPLE_FEEDS], used_feeds=feeds, used_eval_feeds=eval_feeds,
     )
     if eval_feeds is not None:
-        evaluation = collect(loaded, eval_feeds, tensors, num_bins=num_bins, budget=budget, progress=progress,
+        reads = needs((chosen,))
+        evaluation = collect(loaded, eval_feeds, tensors, num_bins=num_bins, budget=budget, trt="trt" in reads,
+                             ort="ort" in reads, ort_entropy_bins=ort_entropy_bins, progress=progress,
                              cancel=cancel, span=spans["eval"])
         timing["eval_collect_s"] = evaluation.seconds
         report.eval_histograms = evaluation.histograms
-        report.representativeness = compare_histograms(hists, evaluation.histograms, ranges[chosen], chosen,
-                                                       percentile)
+        eval_amax = {}
+        for t, e in evaluation.histograms.items():
+            lo, hi = compute_range(chosen, e, trt=evaluation.trt.get(t), ort=evaluation.ort.get(t),
+                                   percentile=percentile)
+            eval_amax[t] = max(abs(lo), abs(hi))
+        report.representativeness = compare_histograms(hists, evaluation.histograms, ranges[chosen], eval_amax)
     if sweep:
         t0 = time.perf_counter()
         top = [e.tensor for e in sensitivity if hists[e.tensor].dtype == "float32"][:max(0, int(top_k))]
@@ -118,6 +140,41 @@ def calibrate(
     if progress is not None:
         progress(1.0, "done")
     return report
+
+
+def method_summary(errors: dict, methods, tensors: list[str]) -> dict[str, dict]:
+    """Per rule: its label, the median worst-case SQNR over tensors, and on how many tensors it does best."""
+    best: dict[str, int] = dict.fromkeys(methods, 0)
+    for t in tensors:
+        by = errors.get(t, {})
+        if by:
+            best[max(by, key=lambda m: by[m].worst_sqnr_db)] += 1
+    out = {}
+    for m in methods:
+        values = np.array([errors[t][m].worst_sqnr_db for t in tensors if m in errors.get(t, {})], dtype=float)
+        values = values[np.isfinite(values)]
+        out[m] = {"rule": RULES[m].label, "toolchain": RULES[m].toolchain,
+                  "median_worst_sqnr_db": float(np.median(values)) if values.size else None,
+                  "tensors_best": best[m]}
+    return out
+
+
+#: the chosen rule is called out when another keeps this many dB more SQNR at the median tensor
+NOTE_DB = 6.0
+
+
+def chosen_note(summary: dict[str, dict], chosen: str) -> str | None:
+    """A note when another rule beats ``chosen`` by NOTE_DB or more at the median tensor."""
+    scored = {m: s["median_worst_sqnr_db"] for m, s in summary.items() if s["median_worst_sqnr_db"] is not None}
+    if chosen not in scored or len(scored) < 2:
+        return None
+    best = max(scored, key=scored.get)
+    gap = scored[best] - scored[chosen]
+    if gap < NOTE_DB:
+        return None
+    return (f"'{chosen}' ({RULES[chosen].label}) ranks the tensors, but '{best}' keeps {gap:.1f} dB more "
+            f"worst-case SQNR at the median tensor ({scored[best]:.1f} vs {scored[chosen]:.1f} dB): "
+            f"consider method='{best}' (--method {best}) if your toolchain can use its ranges")
 
 
 def resolve_feeds(loaded, data: Any, seed: int, shapes: dict | None, what: str) -> list[dict[str, np.ndarray]]:
@@ -134,6 +191,14 @@ def resolve_feeds(loaded, data: Any, seed: int, shapes: dict | None, what: str) 
     if not feeds:
         raise CalibrationError(f"{what} holds no feeds", "give at least one feed")
     return feeds
+
+
+def _check_ort_bins(n) -> int:
+    n = int(n)
+    if not QUANTIZED_BINS <= n <= 1 << 16:
+        raise CalibrationError(f"ort_entropy_bins {n} is outside [{QUANTIZED_BINS}, 65536]",
+                               "use ORT's default 128, or e.g. 2048")
+    return n
 
 
 def _shapes(input_shapes) -> dict[str, list[int]] | None:

@@ -12,9 +12,10 @@ from typing import Any
 from ..report.bundle import RESULTS, Bundle, BundleWriter
 from ..report.env import diff_versions, package_versions
 from ..report.safety import BundleError, confined, load_npz, read_json
+from .methods import METHODS
 from .report import SCHEMA, CalibrationReport
 
-OPTIONS = ("methods", "method", "percentile", "num_bins", "seed", "memory_budget", "input_shapes")
+OPTIONS = ("methods", "method", "percentile", "num_bins", "ort_entropy_bins", "seed", "memory_budget", "input_shapes")
 #: thresholds that differ by more than this (relative) count as changed
 RTOL = 1e-6
 
@@ -108,8 +109,8 @@ def rerun_calibration(b: Bundle, *, model: str | os.PathLike | None = None) -> C
                                                   f"{b.source.name}: results.json", schema=SCHEMA))
     loaded = b.load_model("model", model)
     report = calibrate(loaded, _feeds(b, "feeds"), eval_data=_feeds(b, "eval_feeds"),
-                       methods=opts.get("methods") or ("max", "percentile", "entropy", "mse"),
-                       method=opts.get("method"), percentile=opts.get("percentile", 99.99),
+                       methods=opts.get("methods") or METHODS, ort_entropy_bins=opts.get("ort_entropy_bins", 128),
+                       method=opts.get("method"), percentile=opts.get("percentile"),
                        num_bins=opts.get("num_bins", 2048), memory_budget=opts.get("memory_budget"),
                        seed=opts.get("seed", 0), input_shapes=opts.get("input_shapes"))
     changes = []

@@ -24,6 +24,8 @@ import onnx
 from ..core.budget import chunks, tensor_bytes
 from ..model.load import LoadedModel
 from .histogram import TensorHistogram
+from .ort_rules import ENTROPY_BINS, OrtHistograms
+from .trt_histogram import GrowingHistogram
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ class Collection:
     """Histograms by tensor (topological order), what was skipped and why, and how the work was split."""
 
     histograms: dict[str, TensorHistogram]
+    trt: dict[str, GrowingHistogram] = field(default_factory=dict)
+    ort: dict[str, OrtHistograms] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     chunks: int = 0
     feeds: int = 0
@@ -70,6 +74,9 @@ def collect(
     *,
     num_bins: int = 2048,
     budget: int = 1 << 30,
+    trt: bool = True,
+    ort: bool = False,
+    ort_entropy_bins: int = ENTROPY_BINS,
     engine=None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
@@ -81,38 +88,78 @@ def collect(
 
     start = time.perf_counter()
     engine = engine or get_engine("ort", graph_optimization="disable")
-    hists = {t: TensorHistogram.empty(num_bins) for t in tensors}
-    out = Collection(hists, feeds=len(feeds))
+    out = Collection({t: TensorHistogram.empty(num_bins) for t in tensors}, feeds=len(feeds))
+    if trt or ort:
+        out.trt = {t: GrowingHistogram(num_bins) for t in tensors}
     graph_inputs = set(model.graph.inputs)
+    inputs = [t for t in tensors if t in graph_inputs]
     for feed in feeds:
-        for name in tensors:
-            if name in graph_inputs and name in feed:
-                _update(out, name, feed[name])
+        for name in inputs:
+            _update(out, name, feed.get(name))
+    if ort:
+        _second_pass(out, inputs, [{n: f.get(n) for n in inputs} for f in feeds], num_bins, ort_entropy_bins)
     marked = [t for t in tensors if t not in graph_inputs]
     # one feed's arrays of a chunk, plus the temporaries of one histogram update (~3 arrays of the largest)
-    groups = list(chunks(marked, tensor_bytes(model.proto, feeds[0]), max(1, budget // 2))) if marked else []
+    sizes = tensor_bytes(model.proto, feeds[0]) if marked else {}
+    groups = list(chunks(marked, sizes, max(1, budget // 2))) if marked else []
     out.chunks = len(groups)
     if len(groups) > 1:
         log.info("%d tensors collected in %d chunks to stay under the memory budget", len(marked), len(groups))
-    steps = max(1, len(groups) * len(feeds))
+    passes = 2 if ort else 1
+    steps = max(1, len(groups) * len(feeds) * passes)
     done = 0
+
+    def tick(gi: int, fi: int, what: str) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("calibration cancelled")
+        if progress is not None:
+            progress(span[0] + (span[1] - span[0]) * done / steps,
+                     f"chunk {gi + 1}/{len(groups)}: {what} feed {fi + 1}/{len(feeds)}")
+
     for gi, group in enumerate(groups):
+        keep_bytes = sum(sizes.get(t) or 0 for t in group) * len(feeds)
+        kept: list[dict] | None = [] if ort and all(sizes.get(t) for t in group) and keep_bytes <= budget // 4 \
+            else None
         with engine.prepare(model.proto, group) as session:
             for fi, feed in enumerate(feeds):
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("calibration cancelled")
-                if progress is not None:
-                    progress(span[0] + (span[1] - span[0]) * done / steps,
-                             f"chunk {gi + 1}/{len(groups)}: feed {fi + 1}/{len(feeds)}")
+                tick(gi, fi, "")
                 values = session.run(feed)
                 for name in group:
-                    _update(out, name, values.pop(name, None))
+                    _update(out, name, values.get(name))
+                if kept is not None:
+                    kept.append({n: values.get(n) for n in group})
                 del values
                 done += 1
+            if ort:
+                def replay(session=session, kept=kept, gi=gi):
+                    nonlocal done
+                    for fi, feed in enumerate(feeds):
+                        tick(gi, fi, "ONNX Runtime histograms,")
+                        done += 1
+                        yield kept[fi] if kept is not None else session.run(feed)
+
+                _second_pass(out, group, replay(), num_bins, ort_entropy_bins)
+                kept = None
     for name in out.skipped:
-        hists.pop(name, None)
+        out.histograms.pop(name, None)
+        out.trt.pop(name, None)
+        out.ort.pop(name, None)
     out.seconds = time.perf_counter() - start
     return out
+
+
+def _second_pass(out: Collection, names: list[str], batches, num_bins: int, entropy_bins: int) -> None:
+    """Fill ORT's histograms of ``names`` from ``batches`` (dicts by name), their ranges known from pass one."""
+    live = [n for n in names if n not in out.skipped and out.histograms[n].count]
+    for n in live:
+        h = out.histograms[n]
+        low = out.trt[n].low  # min |x|: tracked by the TensorRT histogram
+        out.ort[n] = OrtHistograms(np.float32(h.min), np.float32(h.max), np.float32(low), entropy_bins, num_bins)
+    for values in batches:
+        for n in live:
+            v = values.get(n)
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+                out.ort[n].update(v)
 
 
 def _update(out: Collection, name: str, value) -> None:
@@ -124,3 +171,6 @@ def _update(out: Collection, name: str, value) -> None:
         out.skipped[name] = f"{value.dtype} (only float tensors are calibrated)"
     else:
         out.histograms[name].update(value)
+        if out.trt:
+            finite = value if np.isfinite(value).all() else value[np.isfinite(value)]
+            out.trt[name].update(finite)

@@ -29,10 +29,12 @@ from .exceptions import CacheFormatError, CalibrationError
 
 log = logging.getLogger(__name__)
 
-#: TensorRT calibrator algorithm names by our method; percentile and mse have no TensorRT calibrator of their
-#: own: their caches are headed for IInt8EntropyCalibrator2, the calibrator that usually serves a cache
+#: TensorRT calibrator algorithm names by our method. Only max and entropy are TensorRT's own rules; the others
+#: have no TensorRT calibrator: their caches are headed for IInt8EntropyCalibrator2, the calibrator that usually
+#: serves a cache (TensorRT reads a cache only when its header names the calibrator's algorithm)
 TRT_ALGORITHMS = {"max": "MinMaxCalibration", "entropy": "EntropyCalibration2", "percentile": "EntropyCalibration2",
-                  "mse": "EntropyCalibration2"}
+                  "mse": "EntropyCalibration2", "ort-entropy": "EntropyCalibration2",
+                  "ort-percentile": "EntropyCalibration2"}
 DEFAULT_TRT_VERSION = 100300
 _HEADER = re.compile(r"^TRT-(\d+)-([A-Za-z0-9_]+)$")
 _LINE = re.compile(r"^(.*): ?([0-9A-Fa-f]{8})$")
@@ -120,8 +122,9 @@ def read_trt_cache(path: str | os.PathLike) -> TrtCache:
     return TrtCache.from_bytes(data, str(p))
 
 
-def write_ort_table(dest: str | os.PathLike, amax: dict[str, float]) -> list[Path]:
-    """ONNX Runtime's calibration table for ``amax`` (ranges -amax..amax): calibration.json, .flatbuffers and
+def write_ort_table(dest: str | os.PathLike, amax: dict[str, float | tuple[float, float]]) -> list[Path]:
+    """ONNX Runtime's calibration table for ``amax`` (an amax: range -amax..amax, or a (lowest, highest)
+    pair): calibration.json, .flatbuffers and
     .cache written by ``onnxruntime.quantization.quant_utils.write_calibration_table`` into a temporary folder,
     then moved into the folder ``dest`` (created if needed). ORT's .cache is NOT TensorRT's format."""
     from onnxruntime.quantization.calibrate import TensorData
@@ -132,8 +135,9 @@ def write_ort_table(dest: str | os.PathLike, amax: dict[str, float]) -> list[Pat
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CalibrationError(f"cannot create {folder}: {e.strerror or e}", "check the path and permissions") from None
-    table = {name: TensorData(lowest=np.array(-a, np.float32), highest=np.array(a, np.float32))
-             for name, a in amax.items()}
+    pairs = {name: (a if isinstance(a, tuple) else (-a, a)) for name, a in amax.items()}
+    table = {name: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32))
+             for name, (lo, hi) in pairs.items()}
     written = []
     with tempfile.TemporaryDirectory(prefix="workbench-ort-table-", dir=folder) as tmp:
         write_calibration_table(table, dir=tmp)

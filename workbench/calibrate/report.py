@@ -19,8 +19,11 @@ from ..core.floats import decode_float, encode_float
 from .errors import QuantError, SensitivityEntry, rank_sensitivity
 from .exceptions import CalibrationError
 from .histogram import TensorHistogram
+from .methods import RULES
+from .ort_rules import OrtHistograms
 from .represent import Representativeness
 from .sweep import SweepResult
+from .trt_histogram import GrowingHistogram
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +83,11 @@ def read_thresholds(path: str | os.PathLike) -> ImportedThresholds:
 
 @dataclass
 class CalibrationReport:
-    """What :func:`workbench.calibrate.calibrate` found. ``ranges[method][tensor]`` is an amax;
-    ``errors[tensor][method]`` a :class:`QuantError`; ``sensitivity`` ranks tensors under ``method``."""
+    """What :func:`workbench.calibrate.calibrate` found. ``ranges[method][tensor]`` is an amax (the
+    larger of |lowest| and |highest|); ``bounds[method][tensor]`` the (lowest, highest) of the asymmetric ONNX
+    Runtime rules; ``errors[tensor][method]`` a :class:`QuantError`; ``sensitivity`` ranks tensors under
+    ``method``; ``summary[method]`` names each rule and scores it; ``trt_histograms`` / ``ort_histograms``
+    are the histograms the TensorRT/ModelOpt and ONNX Runtime rules read."""
 
     model: ModelRef
     method: str
@@ -96,6 +102,10 @@ class CalibrationReport:
     sweep: SweepResult | None = None
     imported: ImportedThresholds | None = None
     qdq: dict[str, dict] = field(default_factory=dict)
+    trt_histograms: dict[str, GrowingHistogram] = field(default_factory=dict)
+    ort_histograms: dict[str, OrtHistograms] = field(default_factory=dict)
+    bounds: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    summary: dict[str, dict] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
@@ -125,6 +135,17 @@ class CalibrationReport:
     def usable_ranges(self, method: str | None = None) -> dict[str, float]:
         """{tensor: amax} under ``method`` for tensors with a positive finite amax (others cannot be scaled)."""
         return {t: a for t, a in self.ranges[self._method(method)].items() if np.isfinite(a) and a > 0}
+
+    def usable_bounds(self, method: str | None = None) -> dict[str, tuple[float, float]]:
+        """{tensor: (lowest, highest)} under ``method``: the rule's own bounds, (-amax, amax) for symmetric ones."""
+        method = self._method(method)
+        own = self.bounds.get(method, {})
+        return {t: tuple(own.get(t, (-a, a))) for t, a in self.usable_ranges(method).items()}
+
+    @staticmethod
+    def rule(method: str) -> str:
+        """The rule's label: whose threshold ``method`` reproduces."""
+        return RULES[method].label if method in RULES else method
 
     # --- DataFrame views -------------------------------------------------------------------------------------
     def ranges_frame(self):
@@ -191,7 +212,7 @@ class CalibrationReport:
         """ORT's calibration.json/.flatbuffers/.cache for ``method``'s ranges, into ``folder``."""
         from .formats import write_ort_table
 
-        return write_ort_table(folder, self.usable_ranges(method))
+        return write_ort_table(folder, self.usable_bounds(method))
 
     def read_cache(self, path: str | os.PathLike) -> ImportedThresholds:
         """Read a TensorRT cache or ORT calibration JSON; its thresholds become ``self.imported``."""
@@ -272,8 +293,11 @@ class CalibrationReport:
         loaded, feeds = self._sources(model, feeds)
         if key is not None and key in self._variants:
             return self._variants[key], loaded, feeds
-        ranges = {t: (-a, a) for t, a in self.usable_ranges(method).items()}
+        ranges = self.usable_bounds(method)
         variant = to_int8(loaded.proto, feeds, per_channel=per_channel, method="minmax", ranges=ranges)
+        rule = (("workbench.calibration.method", method), ("workbench.calibration.rule", self.rule(method)))
+        for name, value in rule:
+            variant.model.metadata_props.add(key=name, value=value)
         if key is not None:
             self._variants[key] = variant
         return variant, loaded, feeds
@@ -287,7 +311,14 @@ class CalibrationReport:
             "config": self.config,
             "tensors": self.tensors,
             "histograms": {t: h.to_json() for t, h in self.histograms.items()},
+            "trt_histograms": {t: h.to_json() for t, h in self.trt_histograms.items()},
+            "ort_histograms": {t: h.to_json() for t, h in self.ort_histograms.items()},
+            "rules": {m: {"label": RULES[m].label, "toolchain": RULES[m].toolchain} for m in self.ranges
+                      if m in RULES},
+            "summary": {m: _encode(v) for m, v in self.summary.items()},
             "ranges": {m: {t: encode_float(a) for t, a in r.items()} for m, r in self.ranges.items()},
+            "bounds": {m: {t: [encode_float(lo), encode_float(hi)] for t, (lo, hi) in b.items()}
+                       for m, b in self.bounds.items()},
             "errors": {t: {m: e.to_json() for m, e in by.items()} for t, by in self.errors.items()},
             "sensitivity": [e.to_json() for e in self.sensitivity],
             "representativeness": None if self.representativeness is None else [
@@ -314,6 +345,11 @@ class CalibrationReport:
             model=ModelRef.from_json(doc["model"]), method=doc["method"], tensors=list(doc["tensors"]),
             histograms={t: TensorHistogram.from_json(h) for t, h in doc["histograms"].items()},
             ranges={m: {t: float(decode_float(a)) for t, a in r.items()} for m, r in doc["ranges"].items()},
+            bounds={m: {t: (float(decode_float(v[0])), float(decode_float(v[1]))) for t, v in b.items()}
+                    for m, b in (doc.get("bounds") or {}).items()},
+            trt_histograms={t: GrowingHistogram.from_json(h) for t, h in (doc.get("trt_histograms") or {}).items()},
+            ort_histograms={t: OrtHistograms.from_json(h) for t, h in (doc.get("ort_histograms") or {}).items()},
+            summary={m: _decode(v) for m, v in (doc.get("summary") or {}).items()},
             errors={t: {m: QuantError.from_json(e) for m, e in by.items()} for t, by in doc["errors"].items()},
             sensitivity=[SensitivityEntry.from_json(e) for e in doc.get("sensitivity", [])],
             config=dict(doc.get("config", {})),

@@ -28,7 +28,6 @@ import numpy as np
 from ..core.floats import decode_float, encode_float
 from .fakequant import HistogramErrorModel
 from .histogram import TensorHistogram, _merge_bins
-from .methods import compute_amax
 
 BEYOND_LIMIT = 0.01
 JS_LIMIT = 0.2
@@ -98,16 +97,17 @@ def _kl2(p: np.ndarray, m: np.ndarray) -> float:
 
 def compare_histograms(
     calib: dict[str, TensorHistogram], evaluation: dict[str, TensorHistogram], amax: dict[str, float],
-    method: str, percentile: float, *, beyond_limit: float = BEYOND_LIMIT, js_limit: float = JS_LIMIT,
+    eval_amax: dict[str, float], *, beyond_limit: float = BEYOND_LIMIT, js_limit: float = JS_LIMIT,
 ) -> list[Representativeness]:
-    """Rows for the tensors in both sets, worst first. ``amax``: the calibrated amax under ``method``."""
+    """Rows for the tensors in both sets, worst first. ``amax``: the calibrated amax under the chosen rule;
+    ``eval_amax``: what the same rule gives on the evaluation data."""
     rows = []
     for name, c in calib.items():
         e = evaluation.get(name)
         if e is None or name not in amax:
             continue
         a = float(amax[name])
-        eval_amax = compute_amax(e, method, percentile)
+        their = float(eval_amax.get(name, 0.0))
         beyond = HistogramErrorModel(e.abs_counts, e.abs_width, e.zeros, e.amax).clipped_fraction(a)
         own = HistogramErrorModel(c.abs_counts, c.abs_width, c.zeros, c.amax).clipped_fraction(a)
         js, noise = js_distance(c, e)
@@ -121,7 +121,7 @@ def compare_histograms(
                            f"(calibration: {own:.2%})")
         if js > max(js_limit, 2 * noise):
             reasons.append(f"|x| distributions differ (Jensen-Shannon distance {js:.2f} > {js_limit})")
-        rows.append(Representativeness(name, a, eval_amax, _ratio(eval_amax, a), _ratio(e.amax, c.amax), beyond,
+        rows.append(Representativeness(name, a, their, _ratio(their, a), _ratio(e.amax, c.amax), beyond,
                                        own, js, noise, bool(reasons), reasons))
     rows.sort(key=lambda r: (not r.flagged, -r.js_distance, -r.excess_beyond))
     return rows

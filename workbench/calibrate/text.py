@@ -1,9 +1,12 @@
-"""Plain-text summary of a calibration report (the CLI's output)."""
+"""Plain-text summary of a calibration report (the CLI's output): the rules computed (whose threshold each
+reproduces) with their median worst-case SQNR, the notes (e.g. the ranking rule is far worse than another), then
+the worst tensors per rule, representativeness, the sweep, the QDQ check and imported thresholds."""
 
 from __future__ import annotations
 
 import math
 
+from .methods import DEFAULT_PERCENTILES, RULES, percentile_of
 from .report import CalibrationReport
 
 
@@ -17,25 +20,55 @@ def _pct(value: float) -> str:
     return f"{value:.3%}" if 0 < value < 0.001 else f"{value:.2%}"
 
 
+def _tag(method: str) -> str:
+    return f"{method} ({RULES[method].toolchain})" if method in RULES else method
+
+
+def _setting(method: str, cfg: dict) -> str:
+    if method in DEFAULT_PERCENTILES:
+        return f"percentile {percentile_of(method, cfg.get('percentile')):g}"
+    if method == "ort-entropy" and cfg.get("ort_entropy_bins"):
+        return f"{cfg['ort_entropy_bins']} bins"
+    return ""
+
+
+def _rules(report: CalibrationReport) -> list[str]:
+    """One line per rule: name, whose threshold, setting, median worst-case SQNR, tensors where best."""
+    width = max(len(m) for m in report.methods)
+    lines = []
+    for m in report.methods:
+        s = report.summary.get(m, {})
+        setting = _setting(m, report.config)
+        score = (f": median worst {_db(s.get('median_worst_sqnr_db'))}, best on {s.get('tensors_best')} tensor(s)"
+                 if s else "")
+        mark = "  <- ranks the tensors" if m == report.method else ""
+        lines.append(f"  {m:<{width}}  {report.rule(m)}" + (f" [{setting}]" if setting else "") + score + mark)
+    return lines
+
+
 def render(report: CalibrationReport, top: int = 5) -> str:
     cfg = report.config
-    methods = [f"percentile({cfg.get('percentile')})" if m == "percentile" else m for m in report.methods]
     lines = [
         f"{report.model.name} (sha256 {report.model.sha256[:12]}): {len(report.tensors)} activation tensors, "
         f"{cfg.get('feeds')} calibration feeds, {cfg.get('chunks')} chunk(s), {cfg.get('num_bins')} bins",
-        f"methods: {', '.join(methods)}; chosen: {report.method}. "
+        f"Rules (whose threshold each reproduces; the tensors are ranked under {_tag(report.method)}):",
+        *_rules(report),
+    ]
+    if report.notes:
+        lines += [f"note: {n}" for n in report.notes]
+    lines += [
         "SQNR: int8 fake-quant, scale = amax/127; 'bulk' = values up to the 99.9th |x| percentile; "
         "worst = min(total, bulk)",
         "",
-        "Worst tensors per method:",
+        "Worst tensors per rule:",
     ]
     for method in report.methods:
-        lines.append(f"  {method}:")
+        lines.append(f"  {_tag(method)}:")
         for e in report.worst(method, top):
             lines.append(f"    {e.rank:>3}. {e.tensor}: worst {_db(e.worst_sqnr_db)} (total {_db(e.sqnr_db)}, bulk "
                          f"{_db(e.bulk_sqnr_db)}, clipped {_pct(e.clipped_fraction)}, amax {e.amax:.4g})")
     if "max" in report.ranges and len(report.methods) > 1:
-        lines += ["", "What the other methods change on the tensors worst under max (bulk / total SQNR, clipped):"]
+        lines += ["", "What the other rules change on the tensors worst under max (bulk / total SQNR, clipped):"]
         for e in report.worst("max", top):
             by = report.errors[e.tensor]
             parts = [f"max {_db(by['max'].bulk_sqnr_db)} / {_db(by['max'].sqnr_db)}"]
@@ -62,7 +95,8 @@ def render(report: CalibrationReport, top: int = 5) -> str:
             lines.append(f"  only {e.tensor}: {_db(e.only_sqnr_db)}; all but it: {_db(e.all_but_sqnr_db)} "
                          f"({e.recovery_db:+.1f} dB)")
     for method, q in report.qdq.items():
-        lines += ["", f"QDQ model ({method} ranges, ORT quantize_static, {q.get('quantize_nodes')} QuantizeLinear): "
+        lines += ["", f"QDQ model ({method} ranges: {report.rule(method)}; ORT quantize_static, "
+                  f"{q.get('quantize_nodes')} QuantizeLinear): "
                   f"outputs vs FP32 over {q['feeds']} feeds: SQNR {_db(q['sqnr_db'])}, cosine {q['cosine']:.4f}"]
     if report.imported is not None:
         imp = report.imported
@@ -71,10 +105,7 @@ def render(report: CalibrationReport, top: int = 5) -> str:
         for t in imp.matched[:top]:
             ours = report.ranges[report.method][t]
             lines.append(f"  {t}: imported amax {imp.amax[t]:.4g} vs {report.method} {ours:.4g}")
-    if report.skipped or report.notes:
-        lines.append("")
-        lines += [f"note: {n}" for n in report.notes]
-        if report.skipped:
-            lines.append(f"note: {len(report.skipped)} tensor(s) not calibrated (e.g. "
-                         f"{next(iter(report.skipped))}: {next(iter(report.skipped.values()))})")
+    if report.skipped:
+        lines += ["", f"note: {len(report.skipped)} tensor(s) not calibrated (e.g. "
+                  f"{next(iter(report.skipped))}: {next(iter(report.skipped.values()))})"]
     return "\n".join(lines)

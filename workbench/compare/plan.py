@@ -31,6 +31,7 @@ from ..errors import SpecError
 from ..model.graph import GraphInfo
 from ..model.load import LoadedModel, is_torch_module, load_model
 from ..model.precision import Precision, infer_precision, lossier, module_precision
+from ..model.validate import check_structure
 from .criterion import Criterion
 from .floor import tensor_formats
 from .options import CompareOptions
@@ -73,6 +74,7 @@ class ComparisonPlan:
                             "compare(module, 'torch', 'ort', example_inputs=(x,)) exports it and runs both")
         self.model_source, self.cand_source = model, cand_model
         self.original = model if isinstance(model, LoadedModel) else load_model(model, example_inputs=example_inputs)
+        check_structure(self.original.proto)  # a cycle or a tensor made twice is the model's fault, not an engine's
         self._owns_loaded = not isinstance(model, LoadedModel)
         self.engine_options = dict(opts.engine_options)
         if self.module is not None:  # the torch engine runs the module itself
@@ -283,15 +285,20 @@ def _describe(engine: Engine) -> dict:
 
 
 def _feeds(model: onnx.ModelProto, feeds: Any, opts: CompareOptions) -> tuple[list[dict], dict]:
+    from ..core.budget import check_run_fits, parse_size
     from ..inputs import check_feeds, feeds_from, random_feeds
+    from ..inputs.generate import planned_feed
 
-    if feeds is None:
+    budget, explicit = parse_size(opts.memory_budget), opts.memory_budget is not None
+    if feeds is None:  # sized before a byte is allocated
+        check_run_fits(model, [planned_feed(model, opts.input_shapes)] * opts.feed_count, budget, explicit)
         made = random_feeds(model, seed=opts.seed, count=opts.feed_count, shapes=opts.input_shapes,
-                            ranges=opts.val_ranges)
+                            ranges=opts.val_ranges, max_bytes=budget)
         return made, {"source": "random", "seed": opts.seed, "count": len(made), "shapes": opts.input_shapes,
                       "ranges": opts.val_ranges}
     source = str(feeds) if isinstance(feeds, (str, bytes)) or hasattr(feeds, "__fspath__") else type(feeds).__name__
     given = check_feeds(model, feeds_from(feeds))
+    check_run_fits(model, given, budget, explicit)
     return given, {"source": source, "count": len(given)}
 
 

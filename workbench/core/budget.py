@@ -3,6 +3,7 @@ that fit a budget."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -68,7 +69,7 @@ def tensor_bytes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[st
             itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
         except (KeyError, TypeError, ValueError):
             itemsize = 4
-        sizes[vi.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+        sizes[vi.name] = math.prod(dims) * itemsize
     return sizes
 
 
@@ -87,3 +88,28 @@ def chunks(names: Sequence[str], sizes: dict[str, int | None], budget: int) -> I
         used += size
     if group:
         yield group
+
+
+def check_run_fits(model: onnx.ModelProto, feeds: Sequence[dict], budget: int, given: bool = True) -> None:
+    """Refuse (:class:`~workbench.errors.InputError`, with the numbers) a comparison that cannot fit ``budget``:
+    the feeds themselves, or its smallest step: the largest tensor of one run held once per feed by the reference
+    plus once by the candidate and once while compared (what a chunk of one tensor needs)."""
+    from .._files import human_size
+    from ..errors import InputError
+
+    what = f"the memory budget of {human_size(budget)}" + ("" if given else " (default: a quarter of RAM, at most 4G)")
+    hint = "use smaller --input-shapes or fewer feeds, or raise --memory-budget"
+    fed = sum(int(v.nbytes) for feed in feeds for v in feed.values())  # arrays or PlannedArray
+    if fed > budget:
+        raise InputError(f"{len(feeds)} feed(s) take {human_size(fed)}, over {what}", hint)
+    if not feeds:
+        return
+    sizes = {k: v for k, v in tensor_bytes(model, feeds[0]).items() if v}
+    if not sizes:
+        return
+    name = max(sizes, key=sizes.__getitem__)
+    need = sizes[name] * (len(feeds) + 2)
+    if need > budget:
+        raise InputError(f"one run needs at least {human_size(need)}: tensor '{name}' is {human_size(sizes[name])}, "
+                         f"held for {len(feeds)} feed(s) by the reference and twice for the candidate; over {what}",
+                         hint)

@@ -5,16 +5,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..errors import WorkbenchError
+from ..errors import Cancelled  # noqa: F401 - re-exported: raised by Steps.check
 
 #: ``progress(fraction in [0, 1], message)``
 Progress = Callable[[float, str], None]
-
-
-class Cancelled(WorkbenchError):
-    """The user cancelled a long-running job."""
-
-    default_hint = "run it again when ready"
 
 
 class Steps:

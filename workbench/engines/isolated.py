@@ -10,6 +10,7 @@ import pickle
 import signal
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -105,13 +106,14 @@ class IsolatedEngine(Engine):
 
     def _crash_error(self, gone: WorkerGone, phase: str) -> EngineCrashedError:
         who = f"the {self._label} worker"
+        crash = partial(EngineCrashedError, engine=self._label)
         if gone.kind == "timeout":
-            return EngineCrashedError(f"{who} did not finish {phase} within {self.timeout_s:g} s and was stopped",
-                                      "raise timeout_s, or rerun with --mode bisect or fewer marked tensors")
+            return crash(f"{who} did not finish {phase} within {self.timeout_s:g} s and was stopped",
+                         "raise timeout_s, or rerun with --mode bisect or fewer marked tensors")
         if gone.kind == "memory":
             limit = f" (limit {self.memory_limit_bytes / 2**30:.2f} GiB)" if self.memory_limit_bytes else ""
-            return EngineCrashedError(f"{who} ran out of memory{limit} while {phase}",
-                                      "raise memory_limit_bytes, use smaller inputs or mark fewer tensors")
+            return crash(f"{who} ran out of memory{limit} while {phase}",
+                         "raise memory_limit_bytes, use smaller inputs or mark fewer tensors")
         code = gone.exitcode
         if code is not None and code < 0:
             try:
@@ -119,10 +121,10 @@ class IsolatedEngine(Engine):
             except ValueError:
                 sig = f"signal {-code}"
             if sig == "SIGKILL":
-                return EngineCrashedError(f"{who} was killed with SIGKILL while {phase} (most likely out of memory)",
-                                          "free memory or set memory_limit_bytes; " + CRASH_HINT)
-            return EngineCrashedError(f"{who} crashed with {sig} while {phase}", CRASH_HINT)
-        return EngineCrashedError(f"{who} exited unexpectedly (exit code {code}) while {phase}", CRASH_HINT)
+                return crash(f"{who} was killed with SIGKILL while {phase} (most likely out of memory)",
+                             "free memory or set memory_limit_bytes; " + CRASH_HINT)
+            return crash(f"{who} crashed with {sig} while {phase}", CRASH_HINT)
+        return crash(f"{who} exited unexpectedly (exit code {code}) while {phase}", CRASH_HINT)
 
 
 class IsolatedSession(Session):

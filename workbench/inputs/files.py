@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .._files import open_regular, read_capped
 from ..errors import InputError
 from .npy import check_npy_header
 from .polygraphy_json import decode_feeds
@@ -53,14 +54,20 @@ def _check_size(path: Path, size: int, max_bytes: int) -> None:
 
 
 def _load_npz(path: Path, max_bytes: int) -> dict[str, np.ndarray]:
-    _check_size(path, path.stat().st_size, max_bytes)
+    with open_regular(path, "feed file", InputError) as fh:
+        return _read_npz(fh, path, max_bytes)
+
+
+def _read_npz(fh, path: Path, max_bytes: int) -> dict[str, np.ndarray]:
+    _check_size(path, os.fstat(fh.fileno()).st_size, max_bytes)
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(fh) as zf:
             _check_size(path, sum(info.file_size for info in zf.infolist()), max_bytes)
             for info in zf.infolist():
                 with zf.open(info) as member:
                     check_npy_header(member, info.file_size, f"{path}:{info.filename}")
-        with np.load(path, allow_pickle=False) as npz:
+        fh.seek(0)
+        with np.load(fh, allow_pickle=False) as npz:
             feed = {name: npz[name] for name in npz.files}
     except ValueError as e:
         if "pickle" in str(e).lower() or "object" in str(e).lower():
@@ -75,10 +82,10 @@ def _load_npz(path: Path, max_bytes: int) -> dict[str, np.ndarray]:
 
 
 def _load_json(path: Path, max_bytes: int) -> list[dict[str, np.ndarray]]:
-    _check_size(path, path.stat().st_size, max_bytes)
+    data = read_capped(path, max_bytes, "feed file", InputError, "use fewer or smaller feeds (or raise max_bytes)")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise InputError(f"cannot read {path} as text ({e})", _HINT) from None
     return decode_feeds(text, str(path))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ def random_feeds(
     count: int = 1,
     shapes: dict[str, list[int]] | None = None,
     ranges: dict[str, tuple[float, float]] | None = None,
+    max_bytes: int | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """``count`` feeds for ``model``'s graph inputs, deterministic per ``seed`` (numpy default_rng).
 
@@ -31,12 +34,17 @@ def random_feeds(
     Integers: ``ranges[name]`` (inclusive), else ``[0, vocab)`` when the input indexes a Gather on a constant
     table, else ones for names containing "mask", zeros for "token_type", else ``[0, 10)``. Dynamic dims
     come from ``shapes``, else 1 for a leading (batch) dim; any other dynamic dim raises :class:`InputError`.
+    Feeds over ``max_bytes`` in all (default: half the physical memory) are refused before anything is allocated.
     """
     proto = as_proto(model)
     specs = model_inputs(proto)
     _check_names(specs, shapes or {}, "shapes", "--input-shapes")
     _check_names(specs, ranges or {}, "ranges", "--val-range")
     plans = [(spec, resolve_shape(spec, (shapes or {}).get(spec.name))) for spec in specs]
+    for spec, _ in plans:
+        if (ranges or {}).get(spec.name) is not None:
+            _check_range(spec, ranges[spec.name])
+    check_feed_bytes(plans, count, max_bytes)
     bounds = gather_bounds(proto)
     rng = np.random.default_rng(seed)
     return [
@@ -46,6 +54,26 @@ def random_feeds(
     ]
 
 
+@dataclass(frozen=True)
+class PlannedArray:
+    """Shape and dtype of a feed array that is not allocated yet (``nbytes`` is its real size)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def planned_feed(model: Any, shapes: dict[str, list[int]] | None = None) -> dict[str, PlannedArray]:
+    """What one random feed will look like, without allocating it: for sizing a run before its feeds exist."""
+    specs = model_inputs(as_proto(model))
+    _check_names(specs, shapes or {}, "shapes", "--input-shapes")
+    return {spec.name: PlannedArray(resolve_shape(spec, (shapes or {}).get(spec.name)), spec.dtype)
+            for spec in specs if spec.dtype is not None}
+
+
 def _check_names(specs: list[InputSpec], given: dict, what: str, flag: str) -> None:
     unknown = sorted(set(given) - {s.name for s in specs})
     if unknown:
@@ -53,6 +81,53 @@ def _check_names(specs: list[InputSpec], given: dict, what: str, flag: str) -> N
             f"{what} name unknown input(s) {', '.join(unknown)}",
             f"{flag} takes the model's input names: {', '.join(s.name for s in specs) or '(none)'}",
         )
+
+
+def _check_range(spec: InputSpec, value_range: tuple[float, float]) -> None:
+    """A range must hold values the input's dtype can represent (a float32 input cannot hold 1e39: it would be inf)."""
+    if spec.dtype is None:
+        return
+    lo, hi = value_range
+    family = dtype_family(spec.dtype)
+    if family == "float":
+        try:
+            top = float(np.finfo(spec.dtype).max)
+        except (TypeError, ValueError):
+            return
+        if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > top:
+            raise InputError(f"--val-range {spec.name}: [{lo:g},{hi:g}] is not finite in {spec.dtype.name} "
+                             f"(largest finite value {top:g})", f"keep both bounds within +-{top:g}")
+    elif family == "int":
+        info = np.iinfo(spec.dtype)
+        if max(math.ceil(lo), info.min) > min(math.floor(hi), info.max):
+            raise InputError(f"--val-range {spec.name}: [{lo:g},{hi:g}] holds no {spec.dtype.name} value "
+                             f"(range [{info.min},{info.max}])",
+                             f"give bounds that include a whole number in [{info.min},{info.max}]")
+
+
+def feed_ceiling() -> int:
+    """Default cap on all random feeds together: half the physical memory."""
+    from ..core.budget import total_memory
+
+    return total_memory() // 2
+
+
+def check_feed_bytes(plans: list[tuple[InputSpec, tuple[int, ...]]], count: int, max_bytes: int | None) -> None:
+    """Refuse ``count`` feeds of these shapes when they would take more than ``max_bytes``, before allocating."""
+    from .._files import human_size
+
+    limit = feed_ceiling() if max_bytes is None else int(max_bytes)
+    sizes = [(spec, shape, math.prod(shape) * spec.dtype.itemsize) for spec, shape in plans if spec.dtype is not None]
+    total = count * sum(size for *_, size in sizes)
+    if total <= limit:
+        return
+    spec, shape, size = max(sizes, key=lambda s: s[2])
+    what = "the memory budget" if max_bytes is not None else "half the physical memory"
+    raise InputError(
+        f"{count} random feed(s) would take {human_size(total)}, over {what} of {human_size(limit)} (input "
+        f"'{spec.name}' {spec.dtype.name} {list(shape)} alone is {human_size(size)} per feed)",
+        "use smaller --input-shapes or fewer --feeds, or raise --memory-budget",
+    )
 
 
 def resolve_shape(spec: InputSpec, override: list[int] | None) -> tuple[int, ...]:
@@ -139,7 +214,11 @@ def _values(
     family = dtype_family(spec.dtype)
     if family == "float":
         if value_range is not None:
-            return rng.uniform(value_range[0], value_range[1], size=shape).astype(spec.dtype)
+            lo, hi = value_range
+            if math.isinf(hi - lo):  # rng.uniform needs a finite width: mix the bounds instead
+                u = rng.random(size=shape)
+                return (lo * (1 - u) + hi * u).astype(spec.dtype)
+            return rng.uniform(lo, hi, size=shape).astype(spec.dtype)
         return rng.standard_normal(size=shape).astype(spec.dtype)
     if family == "bool":
         if "mask" in spec.name.lower():
@@ -147,10 +226,7 @@ def _values(
         return rng.integers(0, 2, size=shape).astype(bool)
     info = np.iinfo(spec.dtype)
     if value_range is not None:
-        lo, hi = int(np.ceil(value_range[0])), int(np.floor(value_range[1]))
-        if lo > hi:
-            raise InputError(f"range {value_range} for integer input '{spec.name}' holds no integer",
-                             "give --val-range bounds that include at least one whole number")
+        lo, hi = math.ceil(value_range[0]), math.floor(value_range[1])  # _check_range: a whole number in range
         return rng.integers(max(lo, info.min), min(hi, info.max), size=shape, endpoint=True).astype(spec.dtype)
     lowered = spec.name.lower()
     if vocab is not None:

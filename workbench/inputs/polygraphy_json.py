@@ -28,6 +28,9 @@ def decode_feeds(text: str, source: str) -> list[dict[str, np.ndarray]]:
     except json.JSONDecodeError as e:
         raise InputError(f"{source} is not valid JSON ({e.msg} at line {e.lineno})",
                          "pass a file written by `polygraphy run --save-inputs`, or an .npz") from None
+    except RecursionError:
+        raise InputError(f"{source} nests too deeply to be an inputs file",
+                         "pass a file written by `polygraphy run --save-inputs`, or an .npz") from None
     items = obj if isinstance(obj, list) else [obj]
     feeds = []
     for i, item in enumerate(items):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 from google.protobuf.message import DecodeError
 
+from .._files import read_capped
 from ..errors import (
     ExternalDataError,
     ModelFormatError,
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from .validate import Problem
 
 log = logging.getLogger(__name__)
+
+#: largest single .onnx file read: protobuf cannot parse a message over 2 GiB (bigger models use external data)
+MAX_MODEL_BYTES = 2**31 - 1
 
 
 @dataclass
@@ -145,10 +149,9 @@ def _read_model_file(path: Path) -> bytes:
         found = sorted(p.name for p in path.glob("*.onnx"))[:5]
         hint = f"pass one of the .onnx files in it: {', '.join(found)}" if found else "pass the .onnx file"
         raise NotAModelFileError(f"{path} is a folder, not an ONNX model file", hint)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise NotAModelFileError(f"cannot read {path}: {e.strerror}", "check the file's permissions") from None
+    data = read_capped(path, MAX_MODEL_BYTES, "model file", NotAModelFileError,
+                       "a model over 2 GiB keeps its weights in external data files (onnx.save(..., "
+                       "save_as_external_data=True))")
     if not data:
         raise NotAModelFileError(f"{path} is empty (0 bytes)", "the download or export did not finish; redo it")
     return data

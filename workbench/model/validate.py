@@ -92,8 +92,58 @@ def _subgraphs(node: onnx.NodeProto):
     return subgraphs_of(node)
 
 
-def _lint(model: onnx.ModelProto) -> list[Problem]:
+def structure_problems(graph: onnx.GraphProto) -> list[Problem]:
+    """What makes ``graph`` (not its subgraphs) impossible to run on any engine: a tensor produced twice (by two
+    nodes, or by a node and a graph input or initializer) and a cycle, each naming the nodes and tensors."""
     problems = []
+    producer = {i.name: f"graph input '{i.name}'" for i in graph.input}
+    producer |= {t.name: f"initializer '{t.name}'" for t in graph.initializer}
+    for i, node in enumerate(graph.node):
+        label = f"node '{node.name or f'#{i}'}' ({node.op_type})"
+        for out in node.output:
+            if out and out in producer:
+                problems.append(Problem("error", "duplicate-output", f"tensor '{out}' is produced twice: by "
+                                        f"{producer[out]} and by {label}", node.name or None))
+            elif out:
+                producer[out] = label
+    if not problems:
+        cycle = _cycle(graph)
+        if cycle:
+            names = [graph.node[i].name or f"#{i}" for i in cycle]
+            problems.append(Problem("error", "cycle", "the graph has a cycle through nodes "
+                                    + " -> ".join(f"'{n}'" for n in [*names, names[0]]), names[0]))
+    return problems
+
+
+def _cycle(graph: onnx.GraphProto) -> list[int]:
+    """Indices of the nodes on one cycle of ``graph``, or [] when it has none."""
+    from .graph import _node_reads, topological_order
+
+    if not topological_order(graph)[1]:
+        return []
+    import networkx as nx
+
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    g = nx.DiGraph((producer[name], i) for i, node in enumerate(graph.node) for name in _node_reads(node)
+                   if name in producer)
+    try:
+        return [a for a, _ in nx.find_cycle(g)]
+    except nx.NetworkXNoCycle:
+        return []
+
+
+def check_structure(model: onnx.ModelProto) -> None:
+    """Raise :class:`~workbench.errors.ModelStructureError` for the first :func:`structure_problems` finding,
+    before anything (a precision variant, an engine) gets the graph and fails less clearly."""
+    from ..errors import ModelStructureError
+
+    found = structure_problems(model.graph)
+    if found:
+        raise ModelStructureError(f"the model is invalid: {found[0].message}")
+
+
+def _lint(model: onnx.ModelProto) -> list[Problem]:
+    problems = structure_problems(model.graph)
     imports = opset_imports(model)
     used = {(n.domain or "ai.onnx") for n in iter_nodes(model.graph)}
     for domain in sorted(used - set(imports)):

@@ -1,5 +1,6 @@
-"""Plots of an INT8 calibration report: a tensor's |x| histogram with every method's threshold, and tensors
-ranked by sensitivity. Pure functions: a :class:`~workbench.calibrate.CalibrationReport` in, a figure out."""
+"""Plots of an INT8 calibration report: a tensor's |x| histogram with every rule's threshold, and tensors ranked
+by sensitivity. Each threshold is labelled with its rule and the toolchain whose threshold it reproduces. Pure
+functions: a :class:`~workbench.calibrate.CalibrationReport` in, a figure out."""
 
 from __future__ import annotations
 
@@ -10,11 +11,23 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.graph_objects import Bar, Figure, Scatter  # noqa: F401 - resolve plotly's lazy classes at import
 
-METHOD_COLORS = {"max": "#d62728", "percentile": "#2ca02c", "entropy": "#1f77b4", "mse": "#9467bd",
-                 "imported": "#ff7f0e"}
+from ..calibrate.methods import RULES
+
+METHOD_COLORS = {"max": "#d62728", "entropy": "#1f77b4", "percentile": "#2ca02c", "mse": "#9467bd",
+                 "ort-entropy": "#17becf", "ort-percentile": "#8c564b", "imported": "#e377c2"}
 CALIB_COLOR, EVAL_COLOR = "#607d8b", "#ff7f0e"
 #: bars drawn at most: neighbouring bins are summed beyond this (2048-bin histograms stay light in the browser)
 MAX_BARS = 512
+#: thresholds closer than this fraction of the x range share one label on the plot
+LABEL_MERGE = 0.02
+#: vertical step (paper fraction) between the staggered threshold labels
+LABEL_STEP = 0.075
+
+
+def rule_tag(method: str) -> str:
+    """``method`` and whose threshold it reproduces, e.g. "entropy (TensorRT)"."""
+    rule = RULES.get(method)
+    return f"{method} ({rule.toolchain})" if rule else method
 
 
 def _binned(counts: np.ndarray, edges: np.ndarray, upto: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -36,9 +49,12 @@ def _binned(counts: np.ndarray, edges: np.ndarray, upto: float) -> tuple[np.ndar
 
 def calibration_histogram(report: Any, tensor: str, methods: list[str] | None = None, log_y: bool = True,
                           show_eval: bool = True) -> go.Figure:
-    """The |x| histogram of ``tensor`` over the calibration data (log counts), each method's amax as a vertical
-    line labelled with the fraction of values it clips, the evaluation data's histogram overlaid (as fractions of
-    each data set, so different sizes compare) and imported thresholds (a cache read back) dashed."""
+    """The |x| histogram of ``tensor`` over the calibration data (log counts), each rule's amax as a vertical line,
+    the evaluation data's histogram overlaid (as fractions of each data set, so different sizes compare) and
+    imported thresholds (a cache read back) dashed. Each line has a legend entry naming its rule and toolchain
+    with the fraction of values it clips and the worst-case SQNR it leaves (the asymmetric ONNX Runtime rules also
+    give their (lowest, highest)); on the plot, short labels at staggered heights, one per group of lines that
+    (nearly) coincide."""
     h = report.histograms[tensor]
     methods = [m for m in (methods or report.methods) if m in report.ranges]
     errors = report.errors.get(tensor, {})
@@ -59,21 +75,27 @@ def calibration_histogram(report: Any, tensor: str, methods: list[str] | None = 
                                  line={"color": EVAL_COLOR, "width": 1.5, "shape": "hvh"},
                                  name=f"evaluation ({ev.count:,} values)", connectgaps=False,
                                  hovertemplate="|x| %{x:.4g}<br>%{y:.3g} of evaluation values<extra></extra>"))
-    lines = [(m, thresholds[m], errors.get(m)) for m in methods if thresholds[m] is not None]
+    lines = [(m, thresholds[m]) for m in methods if thresholds[m] is not None and math.isfinite(thresholds[m])]
     imported = getattr(report, "imported", None)
-    if imported is not None and tensor in imported.amax:
-        lines.append(("imported", imported.amax[tensor], None))
-    for k, (method, amax, err) in enumerate(sorted(lines, key=lambda t: t[1])):
-        if not math.isfinite(amax):
-            continue
-        clip = f", clips {err.clipped_fraction:.3%}" if err is not None else ""
-        sqnr = f", {err.worst_sqnr_db:.1f} dB" if err is not None and math.isfinite(err.worst_sqnr_db) else ""
-        chosen = " (used)" if method == report.method else ""
-        fig.add_vline(x=amax, line={"color": METHOD_COLORS.get(method, "#333"), "width": 2,
-                                    "dash": "dash" if method == "imported" else "solid"})
-        fig.add_annotation(x=amax, y=1 - 0.09 * k, yref="paper", xanchor="left", showarrow=False,
-                           text=f"{method}{chosen}: {amax:.4g}{clip}{sqnr}", font={"size": 11},
-                           bgcolor="rgba(255,255,255,0.8)", bordercolor=METHOD_COLORS.get(method, "#333"))
+    if imported is not None and tensor in imported.amax and math.isfinite(imported.amax[tensor]):
+        lines.append(("imported", imported.amax[tensor]))
+    lines.sort(key=lambda line: line[1])
+    bounds = getattr(report, "bounds", None) or {}
+    for method, amax in lines:
+        color, dash = METHOD_COLORS.get(method, "#333"), "dash" if method == "imported" else "solid"
+        fig.add_vline(x=amax, line={"color": color, "width": 2, "dash": dash})
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line={"color": color, "width": 2, "dash": dash},
+                                 name=_legend_text(report, method, amax, errors.get(method),
+                                                   bounds.get(method, {}).get(tensor)),
+                                 hoverinfo="skip"))
+    for k, group in enumerate(_label_groups(lines, upto)):
+        names = " = ".join(m + (" (used)" if m == report.method else "") for m, _ in group)
+        amax = group[0][1]
+        right = amax > 0.85 * upto  # labels near the axis end extend to the left of their line
+        fig.add_annotation(x=amax, y=1 - LABEL_STEP * k, yref="paper", xanchor="right" if right else "left",
+                           showarrow=False,
+                           text=f"{names}: {amax:.4g}", font={"size": 11}, bgcolor="rgba(255,255,255,0.8)",
+                           bordercolor=METHOD_COLORS.get(group[0][0], "#333"))
     notes = []
     if h.nonfinite:
         notes.append(f"{h.nonfinite:,} NaN/inf left out")
@@ -81,26 +103,52 @@ def calibration_histogram(report: Any, tensor: str, methods: list[str] | None = 
         notes.append(f"{h.zeros:,} zeros")
     fig.update_layout(title=f"{tensor}: |x| over the calibration data" + (f" ({', '.join(notes)})" if notes else ""),
                       xaxis_title="|x|", yaxis_title="fraction of values", template="plotly_white", bargap=0,
-                      legend={"orientation": "h", "y": -0.2}, margin={"t": 60})
+                      legend={"orientation": "h", "y": -0.18, "yanchor": "top", "font": {"size": 11}},
+                      margin={"t": 60}, height=420 + 22 * len(lines))
     if log_y:
         fig.update_yaxes(type="log")
     return fig
 
 
+def _legend_text(report: Any, method: str, amax: float, err: Any, bound: Any) -> str:
+    """"entropy (TensorRT), used: amax 306.2, clips 0.020%, 32.5 dB" (the bounds too for asymmetric rules)."""
+    used = ", used" if method == report.method else ""
+    where = f"[{bound[0]:.4g}, {bound[1]:.4g}]" if bound is not None and bound[0] != -bound[1] else f"amax {amax:.4g}"
+    text = f"{rule_tag(method)}{used}: {where}"
+    if err is not None:
+        text += f", clips {err.clipped_fraction:.3%}"
+        if math.isfinite(err.worst_sqnr_db):
+            text += f", {err.worst_sqnr_db:.1f} dB"
+    return text
+
+
+def _label_groups(lines: list[tuple[str, float]], upto: float) -> list[list[tuple[str, float]]]:
+    """Sorted (method, amax) lines grouped where neighbours lie within LABEL_MERGE of the x range."""
+    groups: list[list[tuple[str, float]]] = []
+    for line in lines:
+        if groups and line[1] - groups[-1][-1][1] <= LABEL_MERGE * max(upto, 1e-30):
+            groups[-1].append(line)
+        else:
+            groups.append([line])
+    return groups
+
+
 def sensitivity_bars(report: Any, top: int = 20, methods: list[str] | None = None) -> go.Figure:
-    """The ``top`` most sensitive tensors (worst first, under the report's method) and each method's worst-case
-    SQNR on them (min of all-values and bulk SQNR): which method would save which tensor."""
+    """The ``top`` most sensitive tensors (worst first, under the report's rule) and each rule's worst-case SQNR
+    on them (min of all-values and bulk SQNR): which rule would save which tensor. Traces are named by rule and
+    toolchain."""
     worst = report.worst(k=top)
     names = [e.tensor for e in worst]
+    methods = list(methods or report.methods)
     fig = go.Figure()
-    for method in methods or report.methods:
+    for method in methods:
         vals = [report.errors[t][method].worst_sqnr_db if method in report.errors.get(t, {}) else None
                 for t in names]
         fig.add_trace(go.Bar(y=names, x=[v if v is None or math.isfinite(v) else None for v in vals],
-                             orientation="h", name=method, marker_color=METHOD_COLORS.get(method),
-                             hovertemplate="%{y}<br>" + method + ": %{x:.1f} dB<extra></extra>"))
-    fig.update_layout(title=f"most sensitive tensors under '{report.method}' (worst-case SQNR, higher is better)",
-                      barmode="group", xaxis_title="worst-case SQNR (dB)", template="plotly_white",
-                      yaxis={"autorange": "reversed"}, height=max(300, 100 + 26 * len(names) * 1.4),
+                             orientation="h", name=rule_tag(method), marker_color=METHOD_COLORS.get(method),
+                             hovertemplate="%{y}<br>" + rule_tag(method) + ": %{x:.1f} dB<extra></extra>"))
+    fig.update_layout(title=f"most sensitive tensors under {rule_tag(report.method)} (worst-case SQNR, higher is "
+                            "better)", barmode="group", xaxis_title="worst-case SQNR (dB)", template="plotly_white",
+                      yaxis={"autorange": "reversed"}, height=max(300, 120 + len(names) * (10 + 5 * len(methods))),
                       legend={"orientation": "h", "y": -0.15})
     return fig

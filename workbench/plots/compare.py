@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 
 from ..compare.floor import FLOOR_MARGIN_DB
 from ..core.metric_info import HIGHER_IS_BETTER, LOG_METRICS, METRIC_INFO, unit_of
+from . import esc
 
 #: where an exact match (SQNR = inf dB) is drawn
 SQNR_EXACT_DB = 200.0
@@ -169,8 +170,9 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
         floor_text = f"{str(floor.get('format', '')).upper()} floor {_label(floor.get(m), m)}" if t.floor else \
             "no floor (held in float32 or wider)"
         custom.append([t.tensor, t.node, t.op_type, value, t.metrics.get("nonfinite_mismatch") or 0, floor_text,
-                       _state(result, t)])
-    hover = ("#%{x} %{customdata[1]} (%{customdata[2]})<br>tensor %{customdata[0]}<br>" + m
+                       _state(result, t), esc(t.tensor), esc(t.node), esc(t.op_type)])
+    # the raw names (0-2) are what a click reads; their escaped copies (7-9) are what the hover shows
+    hover = ("#%{x} %{customdata[8]} (%{customdata[9]})<br>tensor %{customdata[7]}<br>" + m
              + " %{customdata[3]}<br>%{customdata[5]}<br>non-finite mismatches %{customdata[4]}"
                "<br>%{customdata[6]}<extra></extra>")
     fig = go.Figure()
@@ -200,7 +202,8 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
           {"size": 8, "color": BAD_COLOR, "symbol": "x"})
     if threshold is not None:
         fig.add_hline(y=threshold, line={"color": BAD_COLOR, "dash": "dash", "width": 1},
-                      annotation_text=f"tolerance: {result.criterion.describe()}", annotation_position="top left")
+                      annotation_text=f"tolerance: {esc(result.criterion.describe())}",
+                      annotation_position="top left")
     first = result.first_divergent  # None unless an output diverged
     if first is not None:
         i = next(k for k, t in enumerate(tensors) if t.tensor == first.tensor)
@@ -208,7 +211,7 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
                                  marker={"size": 16, "color": FIRST_COLOR, "symbol": "star"},
                                  customdata=[custom[i]], hovertemplate=hover))
         fig.add_annotation(x=x[i], y=math.log10(y[i]) if log and y[i] else (y[i] if y[i] is not None else 0),
-                           text=f"first divergent: {first.node}", showarrow=True, arrowhead=2, ax=40, ay=-40)
+                           text=f"first divergent: {esc(first.node)}", showarrow=True, arrowhead=2, ax=40, ay=-40)
     notes = []
     if any(capped):
         notes.append(f"inf/NaN values drawn at {_label(cap, m)}")
@@ -217,8 +220,8 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
     if notes:
         fig.add_annotation(xref="paper", yref="paper", x=1, y=1.08, showarrow=False, text="; ".join(notes))
     verdict = "DIVERGED" if result.diverged else "ok"
-    fig.update_layout(title=f"{m} per layer: {result.reference} (reference) vs {result.candidate} (candidate)"
-                            f"{_precision_text(result)}: {verdict}",
+    fig.update_layout(title=esc(f"{m} per layer: {result.reference} (reference) vs {result.candidate} (candidate)"
+                                f"{_precision_text(result)}: {verdict}"),
                       xaxis_title="topological index", yaxis_title=_axis_title(m),
                       hovermode="closest", template="plotly_white", legend={"orientation": "h", "y": -0.2})
     if log:
@@ -253,7 +256,7 @@ def _add_floor_band(fig: go.Figure, tensors: list, m: str, x: list, custom: list
         fig.add_trace(go.Scatter(
             x=x, y=floor_y, mode="lines", name=f"{label} floor (reference held in {label})", fill="tonexty",
             fillcolor=FLOOR_FILL, legendgroup=f"floor-{name}", line={"color": FLOOR_COLOR, "width": 1, "dash": "dot"},
-            customdata=custom, hovertemplate="#%{x} %{customdata[1]}<br>" + f"{label} floor: {m} " + "%{y:.4g}"
+            customdata=custom, hovertemplate="#%{x} %{customdata[8]}<br>" + f"{label} floor: {m} " + "%{y:.4g}"
             + _unit(m) + f"<br>(shaded: within {FLOOR_MARGIN_DB:g} dB of the floor)<extra></extra>"))
 
 
@@ -305,14 +308,14 @@ def _gain_text(c) -> str:
     if not impact:
         return "impact not measured"
     best = _label(impact.get("best_gain_db"), "sqnr_db")
-    per = ", ".join(f"{o} {_label(g, 'sqnr_db')}" for o, g in (impact.get("gain") or {}).items())
+    per = ", ".join(f"{esc(o)} {_label(g, 'sqnr_db')}" for o, g in (impact.get("gain") or {}).items())
     fixed = impact.get("nonfinite_fixed") or 0
     text = (f"HARMLESS: fixing it gains {best} at most on the outputs" if impact.get("harmless")
             else f"fixing it gains {best} on the outputs") + (f" ({per})" if per else "")
     if fixed:
         text += f"; removes {fixed} inf/NaN"
     if impact.get("note"):
-        text += f"<br>{impact['note']}"
+        text += f"<br>{esc(impact['note'])}"
     return text
 
 
@@ -322,7 +325,7 @@ def culprit_bars(result, metric: str | None = None) -> go.Figure:
     Harmless culprits (fixing them gains almost nothing) are labelled "(harmless)" and drawn pale."""
     m = _metric(result, metric)
     culprits = list(result.culprits)
-    names = [f"{i}. {c.node} ({c.op_type})" + (" (harmless)" if c.harmless else "")
+    names = [esc(f"{i}. {c.node} ({c.op_type})" + (" (harmless)" if c.harmless else ""))  # labels only
              for i, c in enumerate(culprits, 1)]
     every = [_shown(getattr(c, key).get(m), m) for c in culprits for key in ("introduced", "received")]
     cap = _bad_cap(m, every, _threshold(result, m), False)
@@ -399,7 +402,7 @@ def value_histograms(ref: np.ndarray, cand: np.ndarray, name: str, bins: int = 8
             fig.add_trace(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, name="error", marker_color=BAD_COLOR),
                           row=1, col=2)
     note = f"non-finite: reference {r_bad}, candidate {c_bad}" if r_bad or c_bad else ""
-    fig.update_layout(title=f"{name}: value distributions" + (f" ({note})" if note else ""), barmode="overlay",
+    fig.update_layout(title=esc(f"{name}: value distributions" + (f" ({note})" if note else "")), barmode="overlay",
                       template="plotly_white", bargap=0)
     scale = "log" if r.size > 1000 else "linear"  # long tails show on a log count axis
     fig.update_yaxes(title_text="count", type=scale, row=1, col=1)
@@ -426,7 +429,7 @@ def ref_vs_cand_scatter(ref: np.ndarray, cand: np.ndarray, max_points: int = 500
         fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="candidate = reference",
                                  line={"color": "#888", "dash": "dash"}))
     shown = f"{idx.size} of {n} elements" + (f", {int((~ok).sum())} non-finite left out" if (~ok).any() else "")
-    fig.update_layout(title=f"{name + ': ' if name else ''}candidate vs reference ({shown})",
+    fig.update_layout(title=esc(f"{name + ': ' if name else ''}candidate vs reference ({shown})"),
                       xaxis_title="reference", yaxis_title="candidate", template="plotly_white")
     return fig
 
@@ -439,7 +442,7 @@ def channel_error_heatmap(ref: np.ndarray, cand: np.ndarray, axis: int = 1, max_
     c = np.asarray(cand, dtype=np.float64).reshape(r.shape) if np.size(cand) == r.size else None
     fig = go.Figure()
     if c is None or r.size == 0:
-        fig.update_layout(title=f"{name}: shapes differ, no per-channel view")
+        fig.update_layout(title=esc(f"{name}: shapes differ, no per-channel view"))
         return fig
     if r.ndim < 2:
         r, c, axis = r.reshape(1, -1), c.reshape(1, -1), 0
@@ -456,7 +459,7 @@ def channel_error_heatmap(ref: np.ndarray, cand: np.ndarray, axis: int = 1, max_
                              colorbar={"title": "mean |error|"},
                              hovertemplate="channel %{y}<br>position group %{x}<br>mean |error| %{z:.4g}"
                                            "<extra></extra>"))
-    fig.update_layout(title=f"{name + ': ' if name else ''}mean |error| per channel (axis {axis}) and position",
+    fig.update_layout(title=esc(f"{name + ': ' if name else ''}mean |error| per channel (axis {axis}) and position"),
                       xaxis_title=f"position (other axes flattened, {cols} groups)", yaxis_title="channel",
                       template="plotly_white")
     return fig

@@ -347,6 +347,8 @@ def graph_figure(view: GraphView, **options: Any):
     """The same view as a static plotly figure (for reports and notebooks without widgets)."""
     import plotly.graph_objects as go
 
+    from . import esc
+
     p = graph_payload(view, **options)
     ex, ey = [], []
     edges = p["edges"]
@@ -357,15 +359,15 @@ def graph_figure(view: GraphView, **options: Any):
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#9aa0a6", "width": 1}, hoverinfo="skip",
                              showlegend=False))
-    fig.add_trace(go.Scatter(x=p["x"], y=[-v for v in p["y"]], mode="markers+text", text=p["labels"],
+    fig.add_trace(go.Scatter(x=p["x"], y=[-v for v in p["y"]], mode="markers+text", text=[esc(t) for t in p["labels"]],
                              textposition="middle right", customdata=p["ids"],
-                             hovertext=[t.replace("\n", "<br>") for t in p["tips"]], hoverinfo="text",
+                             hovertext=[esc(t).replace("\n", "<br>") for t in p["tips"]], hoverinfo="text",
                              marker={"symbol": "square", "size": 14, "color": p["color"],
                                      "line": {"width": 1, "color": "#455a64"}}, showlegend=False))
     for label, color in p["legend"]:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=esc(label),
                                  marker={"symbol": "square", "size": 12, "color": color}))
-    fig.update_layout(title=p["title"] or f"graph: {OVERLAYS[p['overlay']]}", template="plotly_white",
+    fig.update_layout(title=esc(p["title"] or f"graph: {OVERLAYS[p['overlay']]}"), template="plotly_white",
                       xaxis={"visible": False}, yaxis={"visible": False}, hovermode="closest",
                       height=max(400, min(2000, 40 * (max(p["y"], default=0) + 2))))
     return fig

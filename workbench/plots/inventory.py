@@ -7,6 +7,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.graph_objects import Bar, Figure, Scatter  # noqa: F401 - resolve plotly's lazy classes at import
 
+from . import esc
+
 DOMAIN_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#9c755f"]
 
 
@@ -29,20 +31,20 @@ def inventory_bar(source: Any, top: int | None = 40) -> go.Figure:
     for k, domain in enumerate(domains):
         mine = [r for r in rows if r["domain"] == domain]
         fig.add_trace(go.Bar(
-            y=[r["op_type"] for r in mine], x=[r["count"] for r in mine], orientation="h", name=domain,
+            y=[esc(r["op_type"]) for r in mine], x=[r["count"] for r in mine], orientation="h", name=esc(domain),
             marker_color=DOMAIN_COLORS[k % len(DOMAIN_COLORS)], text=[r["count"] for r in mine],
             textposition="auto",
             customdata=[[r.get("since_version"), "deprecated" if r.get("deprecated") else "",
                          r.get("in_subgraphs", 0)] for r in mine],
             hovertemplate="%{y}: %{x} nodes<br>since opset %{customdata[0]} %{customdata[1]}"
-                          "<br>in subgraphs: %{customdata[2]}<extra>" + domain + "</extra>"))
+                          "<br>in subgraphs: %{customdata[2]}<extra>" + esc(domain) + "</extra>"))
     total = sum(r["count"] for r in rows) + sum(r["count"] for r in left)
     title = f"operator inventory: {len(rows) + len(left)} op types, {total} nodes"
     if left:
         title += f" (top {len(rows)} shown)"
     fig.update_layout(title=title, template="plotly_white", barmode="stack", xaxis_title="nodes",
                       yaxis={"autorange": "reversed", "categoryorder": "array",
-                             "categoryarray": [r["op_type"] for r in rows]},
+                             "categoryarray": [esc(r["op_type"]) for r in rows]},
                       height=max(260, 90 + 22 * len(rows)), legend={"title": "domain"},
                       margin={"l": 10, "r": 10, "t": 50, "b": 40})
     return fig

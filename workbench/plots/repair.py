@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from ..core.floats import decode_float
 from ..core.metric_info import HIGHER_IS_BETTER, unit_of
+from . import esc
 from .compare import BAD_COLOR, OK_COLOR, SQNR_EXACT_DB
 
 BEFORE_COLOR = "#9e9e9e"
@@ -101,7 +102,7 @@ def repair_outputs_figure(result: Any, height: int = 320) -> go.Figure:
     doc = _doc(result)
     rows = repair_rows(doc)
     metric = output_metric(doc)
-    names = [r["output"] for r in rows]
+    names = [esc(r["output"]) for r in rows]  # category labels: plotly reads HTML in them
     unit = unit_of(metric) if metric else ""
     fig = go.Figure()
     for side, label in (("before", "before (candidate as converted)"), ("after", "after (repaired model)")):

@@ -11,7 +11,9 @@ Layout (every path inside is relative, so the bundle can be moved or zipped)::
     calibration/feed_*.npz calibration feeds, when they differ from the compared feeds (INT8)
     tensors/tensor_*.npz   optional selected tensors: arrays "reference" and "candidate"
 
-Written atomically: built in a temporary folder beside the destination, then renamed into place.
+Written atomically: built in a temporary folder beside the destination, then renamed into place only if
+nothing is there (never replacing what another process wrote). The manifest carries the sha256 of its own
+content (``manifest_sha256``) besides the sha256 of every other file.
 Other producers (calibration) add their own ``kind`` through :class:`BundleWriter`.
 """
 
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .._atomic import umask
+from .._atomic import clean_stale, place_new, temp_prefix, umask
 from ..compare.result import CompareResult
 from ..errors import WorkbenchError
 from .safety import (
@@ -39,12 +41,15 @@ from .safety import (
     ModelMismatchError,
     UnsafeBundleError,
     check_npz,
+    check_seal,
     confined,
     load_npz,
+    parse_json,
     read_json,
+    regular_file,
     relpath,
     remove_tree,
-    safe_extract,
+    seal_manifest,
     sha256_file,
 )
 
@@ -83,11 +88,11 @@ class BundleWriter:
         dest = Path(dest).expanduser()
         if zip and dest.suffix.lower() != ".zip":
             dest = dest.with_name(dest.name + ".zip")
-        if dest.exists() and not overwrite:
+        if os.path.lexists(dest) and not overwrite:
             raise BundleError(f"{dest} already exists", "pick a new destination or pass overwrite=True")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        self.dest, self.zip = dest, zip
-        self.root = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+        self.dest, self.zip, self.overwrite = dest, zip, overwrite
+        self.root = Path(tempfile.mkdtemp(prefix=temp_prefix(dest.name), suffix=".tmp", dir=dest.parent))
         from .env import environment
 
         env = environment()
@@ -174,33 +179,49 @@ class BundleWriter:
             if p.is_file():
                 files[p.relative_to(self.root).as_posix()] = sha256_file(p)
         self.manifest["files"] = files
+        self.manifest = seal_manifest(self.manifest)
         self.add_json(MANIFEST, self.manifest)
         mask = umask()
+        tmp = None
         try:
             if self.zip:
-                fd, tmp = tempfile.mkstemp(prefix=f".{self.dest.name}.", suffix=".tmp", dir=self.dest.parent)
+                fd, tmp = tempfile.mkstemp(prefix=temp_prefix(self.dest.name), suffix=".tmp", dir=self.dest.parent)
                 os.close(fd)
                 with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
                     for p in sorted(self.root.rglob("*")):
                         if p.is_file():
                             zf.write(p, p.relative_to(self.root).as_posix())
                 os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600: give the user's usual permissions
-                os.replace(tmp, self.dest)
+                self._place(Path(tmp))
                 remove_tree(self.root)
             else:
-                old = None
-                if self.dest.exists():
-                    old = self.dest.with_name(f".{self.dest.name}.old.{os.getpid()}")
-                    os.replace(self.dest, old)
                 os.chmod(self.root, 0o777 & ~mask)  # mkdtemp makes 0700
-                os.replace(self.root, self.dest)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+                self._place(self.root)
         except BaseException:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
             self.abort()
             raise
+        clean_stale(self.dest.parent, legacy_name=self.dest.name)  # what killed writers left here
         log.info("wrote bundle %s", self.dest)
         return self.dest
+
+    def _place(self, built: Path) -> None:
+        """Rename ``built`` to the destination: only if nothing is there, or (``overwrite``) replacing it."""
+        if not self.overwrite:
+            try:
+                place_new(built, self.dest)
+            except FileExistsError:
+                raise BundleError(f"{self.dest} already exists: it appeared while the bundle was being written "
+                                  "(another process?); nothing there was replaced", "pick a new destination") from None
+            return
+        old = None
+        if os.path.lexists(self.dest) and built.is_dir():
+            old = self.dest.with_name(f".{self.dest.name}.old.{os.getpid()}")
+            os.replace(self.dest, old)
+        os.replace(built, self.dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() and not old.is_symlink() else old.unlink()
 
     def abort(self) -> None:
         remove_tree(self.root)
@@ -407,6 +428,7 @@ class Bundle:
         if not path.exists():
             raise BundleError(f"{section.replace('_', ' ')} file {path} not found (the bundle keeps only a "
                               "reference to it)", "pass the model file: `workbench rerun BUNDLE --model PATH`")
+        regular_file(path, f"{section.replace('_', ' ')} file {path}", "pass the .onnx file itself")
         loaded = load_model(path)
         if loaded.fingerprint != expected:
             raise ModelMismatchError(f"{section.replace('_', ' ')} {path.name} has sha256 {loaded.fingerprint}, "
@@ -450,36 +472,43 @@ class Bundle:
         self.close()
 
 
+def _check_manifest(manifest: dict, name: str) -> dict:
+    """The sections a bundle of its kind needs, and its seal (a bundle written before seals has none)."""
+    kind = manifest.get("kind", "compare")
+    for key in ("model", "calibrate" if kind == "calibrate" else "compare", "feeds"):
+        if not isinstance(manifest.get(key), dict):
+            raise BundleError(f"{name}: manifest.json has no '{key}' section")
+    if not isinstance(manifest.get("files", {}), dict):
+        raise BundleError(f"{name}: manifest 'files' is malformed")
+    if not check_seal(manifest, f"{name}: manifest.json"):
+        log.info("%s: manifest.json carries no seal (written before seals); its engine options are filtered",
+                 name)
+    return manifest
+
+
 def load_bundle(path: str | os.PathLike) -> Bundle:
-    """Open a bundle folder or .zip (extracted to a temporary folder after every entry is checked)."""
+    """Open a bundle folder or .zip. A zip's entries are checked and its manifest read before anything is
+    extracted (to a temporary folder), and only the files that manifest lists are extracted."""
+    from .zipread import open_zip
+
     src = Path(path).expanduser()
     if not src.exists():
         raise BundleError(f"bundle not found: {src}", "check the path")
     tmp = None
     if src.is_dir():
         root = src
-    elif zipfile.is_zipfile(src):
-        tmp = Path(tempfile.mkdtemp(prefix="workbench-bundle-"))
-        try:
-            safe_extract(src, tmp)
-        except BaseException:
-            remove_tree(tmp)
-            raise
-        root = tmp
-        inner = [p for p in tmp.iterdir()]
-        if not (tmp / MANIFEST).exists() and len(inner) == 1 and inner[0].is_dir():
-            root = inner[0]
-    else:
-        raise BundleError(f"{src} is neither a bundle folder nor a .zip")
-    try:
         manifest_path = root / MANIFEST
         if manifest_path.is_symlink():
             raise UnsafeBundleError(f"{src.name}: manifest.json is a symlink; refusing it")
-        manifest = read_json(manifest_path, f"{src.name}: manifest.json", schema=SCHEMA)
-        kind = manifest.get("kind", "compare")
-        for key in ("model", "calibrate" if kind == "calibrate" else "compare", "feeds"):
-            if not isinstance(manifest.get(key), dict):
-                raise BundleError(f"{src.name}: manifest.json has no '{key}' section")
+        manifest = _check_manifest(read_json(manifest_path, f"{src.name}: manifest.json", schema=SCHEMA), src.name)
+    else:
+        regular_file(src, f"bundle {src.name}")  # a FIFO or a device would block or never end
+        if not zipfile.is_zipfile(src):
+            raise BundleError(f"{src} is neither a bundle folder nor a .zip")
+        tmp, manifest = open_zip(src, MANIFEST, lambda data: _check_manifest(
+            parse_json(data, f"{src.name}: manifest.json", schema=SCHEMA), src.name))
+        root = tmp
+    try:
         bundle = Bundle(root=root, manifest=manifest, source=src, _tmp=tmp)
         bundle.verify_files()
         bundle.check_arrays()

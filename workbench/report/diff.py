@@ -16,6 +16,8 @@ from typing import Any
 
 from ..compare.result import CompareResult
 from ..core.floats import decode_float, encode_float, encode_metrics
+from ..core.metric_info import METRICS
+from ..errors import WorkbenchError
 from .env import diff_versions
 
 SCHEMA = "workbench.diff/1"
@@ -355,6 +357,9 @@ def diff_results(before: Any, after: Any, *, metric: str | None = None,
     (default: the ``before`` criterion's)."""
     a, b = load_result(before), load_result(after)
     m = metric or a.criterion.metric
+    known = list(dict.fromkeys([*METRICS, *(k for t in a.tensors for k in t.metrics)]))
+    if m not in known:
+        raise WorkbenchError(f"unknown metric {m!r} to rank changes by", f"use one of {', '.join(known)}")
     by_b = {t.tensor: t for t in b.tensors}
     names_a = {t.tensor for t in a.tensors}
     changes = [TensorChange(t.tensor, t.node, t.op_type, t.topo_index, t.metrics, by_b[t.tensor].metrics,

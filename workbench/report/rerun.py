@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..compare.result import CompareResult
 from .bundle import Bundle, load_bundle
 from .diff import ResultDiff, diff_results
+from .engine_options import bundle_engine_options
 from .env import diff_versions, package_versions
 from .safety import BundleError
 
@@ -41,6 +42,7 @@ class RerunReport:
     result: CompareResult
     diff: ResultDiff
     versions_changed: dict[str, list]
+    notes: list[str] = field(default_factory=list)  # e.g. engine options of the bundle that were not allowed
 
     @property
     def reproduced(self) -> bool:
@@ -64,6 +66,7 @@ class RerunReport:
             "exit_code": self.exit_code,
             "first_divergent": {"saved": first["before"], "now": first["after"], "changed": first["changed"]},
             "versions_changed": self.versions_changed,
+            "notes": list(self.notes),
             "diff": diff,
             "result": self.result.to_json(),
         }
@@ -72,7 +75,7 @@ class RerunReport:
         d = self.diff
         head = (f"rerun of {self.bundle}: " + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
                 + (" (metrics identical)" if d.metrics_match() else " (metrics drifted)"))
-        lines = [head]
+        lines = [head, *(f"note: {n}" for n in self.notes)]
         versions = self.versions_changed
         lines.append("package versions since the bundle was made: " + (
             "; ".join(f"{k} {a or 'absent'} -> {b or 'absent'}" for k, (a, b) in versions.items())
@@ -107,13 +110,19 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
         cand = b.load_model("cand_model", cand_model) if m.get("cand_model") else None
         try:
             criterion = Criterion.from_json(opts["criterion"])
-            options = CompareOptions.from_json(opts["options"]) if isinstance(opts.get("options"), dict) else None
+            typed = opts.get("options")
+            engine_options, notes = bundle_engine_options((typed if isinstance(typed, dict) else opts)
+                                                          .get("engine_options"))
+            for note in notes:
+                log.info("%s", note)
+            options = (CompareOptions.from_json({**typed, "engine_options": engine_options})
+                       if isinstance(typed, dict) else None)
             kwargs = {
                 "mode": opts.get("mode", "auto"), "memory_budget": opts.get("memory_budget"),
                 "keep_fp32": list(opts.get("keep_fp32") or ()), "inline_branches": bool(opts.get("inline_branches",
                                                                                                 True)),
                 "culprits": bool(opts.get("culprits", True)), "max_culprits": int(opts.get("max_culprits", 10)),
-                "engine_options": dict(opts.get("engine_options") or {}),
+                "engine_options": engine_options,
                 "isolate": isolate if isolate is not None else opts.get("isolate"),
                 "timeout_s": timeout_s if timeout_s is not None else opts.get("timeout_s"),
             }
@@ -135,7 +144,7 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
         then = dict(m["versions"]) if isinstance(m.get("versions"), dict) else {}
         then["python"] = m.get("python")
         now = {**package_versions(), "python": platform.python_version()}
-        return RerunReport(str(b.source), saved, result, diff, diff_versions(then, now))
+        return RerunReport(str(b.source), saved, result, diff, diff_versions(then, now), notes)
     finally:
         if not isinstance(bundle, Bundle):
             b.close()

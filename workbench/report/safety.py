@@ -1,8 +1,8 @@
 """Reading untrusted files (bundles, recorded runs) safely.
 
 Never unpickles; every path named inside a bundle stays inside it (no absolute paths, no ``..``, no symlink
-out, no zip-slip entry); array sizes are checked from the .npy header before numpy allocates anything; bad
-JSON or a wrong schema gives one clear error.
+out, no zip-slip entry); only regular files are opened (never a FIFO or a device); array sizes are checked
+from the .npy header before numpy allocates anything; bad JSON or a wrong schema gives one clear error.
 """
 
 from __future__ import annotations
@@ -71,22 +71,67 @@ def confined(root: Path, name: Any, where: str, *, must_exist: bool = True) -> P
     target = (base / rel).resolve()
     if not target.is_relative_to(base):
         raise UnsafeBundleError(f"{where}: {name!r} is a symlink leading outside the bundle ({target})")
-    if must_exist and not target.is_file():
-        raise BundleError(f"{where}: {name!r} is missing from the bundle", "the bundle is incomplete; re-create it")
+    if must_exist:
+        try:
+            mode = os.stat(target).st_mode
+        except OSError:
+            raise BundleError(f"{where}: {name!r} is missing from the bundle",
+                              "the bundle is incomplete; re-create it") from None
+        if not stat.S_ISREG(mode):
+            raise UnsafeBundleError(f"{where}: {name!r} is {file_kind(mode)}, not a regular file; refusing to open it")
     return target
+
+
+def file_kind(mode: int) -> str:
+    """'a FIFO (named pipe)', 'a character device', ... for a stat mode."""
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def regular_file(path: Path, where: str, hint: str | None = None) -> os.stat_result:
+    """``path``'s stat (symlinks followed) when it is a regular file: FIFOs, devices, sockets and folders are
+    refused before anything opens them (a FIFO would block for ever, a device read without end)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise BundleError(f"{where} is missing ({Path(path).name})", hint) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeBundleError(f"{where} is {file_kind(st.st_mode)}, not a regular file; refusing to open it", hint)
+    return st
+
+
+def open_regular(path: Path, where: str):
+    """A binary file object for ``path``, opened without blocking and refused unless a regular file."""
+    regular_file(path, where)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode  # swapped between the stat and the open: check what was opened
+        if not stat.S_ISREG(mode):
+            raise UnsafeBundleError(f"{where} is {file_kind(mode)}, not a regular file; refusing to open it")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_json(path: Path, where: str, *, schema: str | None = None, max_bytes: int = MAX_JSON_BYTES) -> dict:
     """A JSON object from ``path``; ``schema``: the exact ``schema`` field required (family/N)."""
-    try:
-        size = path.stat().st_size
-    except OSError:
-        raise BundleError(f"{where} is missing ({path.name})") from None
-    if size > max_bytes:
-        raise BundleError(f"{where} is {size / 1024**2:.0f} MiB, over the {max_bytes / 1024**2:.0f} MiB limit",
+    with open_regular(path, where) as fh:
+        data = fh.read(max_bytes + 1)
+    return parse_json(data, where, schema=schema, max_bytes=max_bytes)
+
+
+def parse_json(data: bytes, where: str, *, schema: str | None = None, max_bytes: int = MAX_JSON_BYTES) -> dict:
+    """A JSON object from ``data`` (see :func:`read_json`)."""
+    if len(data) > max_bytes:
+        raise BundleError(f"{where} is over the {max_bytes / 1024**2:.0f} MiB limit",
                           "this is not a file the workbench wrote")
     try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
+        doc = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise BundleError(f"{where} is not UTF-8 text") from None
     except json.JSONDecodeError as e:
@@ -113,9 +158,43 @@ def check_schema(doc: dict, schema: str, where: str) -> None:
     raise BundleError(f"{where} has schema {found!r}, expected {schema!r}")
 
 
+#: manifest key holding the sha256 of the rest of the manifest (canonical JSON): the manifest covers itself
+SEAL = "manifest_sha256"
+
+
+def manifest_digest(doc: dict) -> str:
+    """sha256 of ``doc`` without its :data:`SEAL`, as canonical JSON (sorted keys, no spaces, ASCII)."""
+    body = {k: v for k, v in doc.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")).hexdigest()
+
+
+def seal_manifest(doc: dict) -> dict:
+    """A JSON-normalised copy of ``doc`` carrying its own digest; re-seal a manifest edited on purpose."""
+    sealed = json.loads(json.dumps({k: v for k, v in doc.items() if k != SEAL}, allow_nan=False))
+    sealed[SEAL] = manifest_digest(sealed)
+    return sealed
+
+
+def check_seal(doc: dict, where: str) -> bool:
+    """True when the manifest is sealed and intact, False when it carries no seal (written before seals);
+    a :class:`BundleError` when it was changed after writing."""
+    found = doc.get(SEAL)
+    if found is None:
+        return False
+    try:
+        intact = found == manifest_digest(doc)
+    except (RecursionError, ValueError):
+        intact = False
+    if not intact:
+        raise BundleError(f"{where} changed since the bundle was written (its content no longer matches its "
+                          f"recorded {SEAL})", "the bundle was edited or damaged; re-create it "
+                          "(re-seal a deliberate edit with workbench.report.safety.seal_manifest)")
+    return True
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path, str(path)) as fh:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
@@ -192,52 +271,6 @@ def check_npy_bytes(data: bytes, where: str, *, max_bytes: int = MAX_ARRAY_BYTES
         raise UnsafeBundleError(f"{where} is {kind}; refusing to load it (only np.save payloads are read)",
                                 "save arrays as numpy .npy (Polygraphy's own save does), never with pickle")
     _check_member(io.BytesIO(data), len(data), where, max_bytes)
-
-
-def _is_symlink(info: zipfile.ZipInfo) -> bool:
-    return stat.S_ISLNK(info.external_attr >> 16)
-
-
-def safe_extract(zip_path: Path, dest: Path, *, max_bytes: int = MAX_ZIP_BYTES,
-                 max_members: int = MAX_ZIP_MEMBERS) -> None:
-    """Extract a zip into ``dest`` after checking EVERY entry (zip-slip, symlinks, sizes) first; the byte count
-    is enforced while writing too, so a lying header cannot overfill the disk."""
-    try:
-        zf = zipfile.ZipFile(zip_path)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise BundleError(f"{zip_path.name} is not a readable zip ({e})") from None
-    with zf:
-        infos = zf.infolist()
-        if len(infos) > max_members:
-            raise UnsafeBundleError(f"{zip_path.name} holds {len(infos)} entries, over the {max_members} limit")
-        for info in infos:
-            relpath(info.filename.rstrip("/") or info.filename, f"{zip_path.name}: entry")
-            if _is_symlink(info):
-                raise UnsafeBundleError(f"{zip_path.name}: entry {info.filename!r} is a symlink; refusing it")
-        total = sum(i.file_size for i in infos)
-        if total > max_bytes:
-            raise UnsafeBundleError(f"{zip_path.name} unpacks to {total:.3g} bytes, over the limit")
-        written = 0
-        base = dest.resolve()
-        for info in infos:
-            target = base / relpath(info.filename.rstrip("/"), f"{zip_path.name}: entry")
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.parent.resolve().is_relative_to(base):
-                raise UnsafeBundleError(f"{zip_path.name}: entry {info.filename!r} leads outside the bundle")
-            try:
-                with zf.open(info) as src, open(target, "xb") as out:
-                    while chunk := src.read(1 << 20):
-                        written += len(chunk)
-                        if written > max_bytes:
-                            raise UnsafeBundleError(f"{zip_path.name} unpacks to more than its headers say")
-                        out.write(chunk)
-            except FileExistsError:
-                raise UnsafeBundleError(f"{zip_path.name}: entry {info.filename!r} appears twice") from None
-            except (zipfile.BadZipFile, EOFError, OSError) as e:
-                raise BundleError(f"{zip_path.name}: entry {info.filename!r} is unreadable ({e})") from None
 
 
 def remove_tree(path: Path) -> None:

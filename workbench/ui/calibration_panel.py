@@ -1,6 +1,9 @@
-"""Calibration panel: INT8 calibration diagnostics. Tensors sorted by sensitivity; a tensor's |x| histogram (log
-counts) with every method's threshold, its clipped fraction and the evaluation data overlaid; representativeness;
-export of the TensorRT cache and the QDQ model to a path the user types (default: the output folder)."""
+"""Calibration panel: INT8 calibration diagnostics. Each range rule is named after the toolchain whose threshold
+it reproduces (TensorRT, ModelOpt, ONNX Runtime): the rules table scores them, and a note says when the ranking
+rule is far worse than another. Tensors sorted by sensitivity; a tensor's |x| histogram (log counts) with every
+rule's threshold, its clipped fraction and the evaluation data overlaid; representativeness; export of the
+TensorRT cache and the QDQ model (with the rule they carry) to a path the user types (default: the output
+folder)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ..calibrate.methods import DEFAULT_METHOD, DEFAULT_PERCENTILES, METHODS, RULES
+from ..calibrate.ort_rules import ENTROPY_BINS, QUANTIZED_BINS
 from ..plots.calibration import calibration_histogram, sensitivity_bars
 from .figures import show_figure
 from .jobs import JobControls
@@ -20,7 +25,11 @@ from .tables import table_html
 
 log = logging.getLogger(__name__)
 
-METHODS = ("max", "percentile", "entropy", "mse")
+
+def rule_option(method: str) -> tuple[str, str]:
+    """(label, value) of a method option: "entropy — TensorRT EntropyCalibration2 (…)", "entropy"."""
+    rule = RULES.get(method)
+    return (f"{method} — {rule.label}" if rule else method), method
 
 
 class CalibrationPanel(widgets.VBox):
@@ -43,15 +52,28 @@ class CalibrationPanel(widgets.VBox):
                                       layout=widgets.Layout(width="520px"))
         self.eval_count = widgets.BoundedIntText(value=8, min=0, max=100_000, description="random N",
                                                  layout=widgets.Layout(width="180px"))
-        self.methods = widgets.SelectMultiple(options=METHODS, value=METHODS, rows=4, description="methods",
-                                              layout=widgets.Layout(width="230px"))
-        self.percentile = widgets.BoundedFloatText(value=99.99, min=0.01, max=100.0, step=0.01,
-                                                   description="percentile", layout=widgets.Layout(width="200px"))
+        self.methods = widgets.SelectMultiple(options=[rule_option(m) for m in METHODS], value=METHODS,
+                                              rows=len(METHODS), description="rules",
+                                              layout=widgets.Layout(width="640px"))
+        self.rank_method = widgets.Dropdown(options=[rule_option(m) for m in METHODS], value=DEFAULT_METHOD,
+                                            description="rank by", layout=widgets.Layout(width="640px"))
+        defaults = ", ".join(f"{m} {p:g}" for m, p in DEFAULT_PERCENTILES.items())
+        self.rule_percentile = widgets.Checkbox(value=True, description=f"each rule's default percentile ({defaults})",
+                                                indent=False, layout=widgets.Layout(width="420px"))
+        self.percentile = widgets.BoundedFloatText(value=DEFAULT_PERCENTILES["percentile"], min=0.01, max=100.0,
+                                                   step=0.001, description="percentile", disabled=True,
+                                                   layout=widgets.Layout(width="200px"))
+        self.rule_percentile.observe(lambda change: setattr(self.percentile, "disabled", change["new"]), "value")
+        self.ort_entropy_bins = widgets.BoundedIntText(value=ENTROPY_BINS, min=QUANTIZED_BINS, max=1 << 16,
+                                                       description="ORT entropy bins",
+                                                       style={"description_width": "initial"},
+                                                       layout=widgets.Layout(width="200px"))
         self.seed = widgets.IntText(value=0, description="seed", layout=widgets.Layout(width="150px"))
         self.run_button = widgets.Button(description="Calibrate", icon="play", button_style="primary")
         self.run_button.on_click(lambda _: self.run())
         self.jobs = JobControls()
         self.summary = widgets.HTML()
+        self.rules = widgets.HTML()
         self.tensor = widgets.Select(description="tensor", rows=10, layout=widgets.Layout(width="640px"))
         self.log_y = widgets.Checkbox(value=True, description="log counts")
         self.show_eval = widgets.Checkbox(value=True, description="evaluation overlay")
@@ -59,8 +81,8 @@ class CalibrationPanel(widgets.VBox):
         self.tensor_note = widgets.HTML()
         self.sensitivity = widgets.Output()
         self.represent = widgets.HTML()
-        self.export_method = widgets.Dropdown(options=METHODS, value="entropy", description="method",
-                                              layout=widgets.Layout(width="220px"))
+        self.export_method = widgets.Dropdown(options=[rule_option(m) for m in METHODS], value=DEFAULT_METHOD,
+                                              description="rule", layout=widgets.Layout(width="640px"))
         self.cache_path = widgets.Text(description="cache", layout=widgets.Layout(width="560px"))
         self.cache_button = widgets.Button(description="Write TensorRT cache", icon="save", disabled=True)
         self.qdq_path = widgets.Text(description="QDQ model", layout=widgets.Layout(width="560px"))
@@ -75,12 +97,14 @@ class CalibrationPanel(widgets.VBox):
         self.state.observe(lambda _: self._default_paths(), "model")
         setup = widgets.VBox([
             widgets.HBox([self.data_path, self.data_count]), widgets.HBox([self.eval_path, self.eval_count]),
-            widgets.HBox([self.methods, widgets.VBox([self.percentile, self.seed])]), self.run_button, self.jobs])
+            self.methods, self.rank_method, widgets.HBox([self.rule_percentile, self.percentile]),
+            widgets.HBox([self.ort_entropy_bins, self.seed]), self.run_button, self.jobs])
         super().__init__([
             style_tag(), heading("Calibration data"), setup, heading("Results"), self.summary,
-            heading("Tensors, most sensitive first (worst-case SQNR under the chosen method)"), self.tensor,
+            heading("Rules: whose threshold each reproduces, and how well it keeps the tensors"), self.rules,
+            heading("Tensors, most sensitive first (worst-case SQNR under the ranking rule)"), self.tensor,
             widgets.HBox([self.log_y, self.show_eval]), self.tensor_note, self.histogram,
-            heading("Sensitivity by method"), self.sensitivity,
+            heading("Sensitivity by rule"), self.sensitivity,
             heading("Representativeness: calibration vs evaluation data"), self.represent,
             heading("Export"), self.export_method, widgets.HBox([self.cache_path, self.cache_button]),
             widgets.HBox([self.qdq_path, self.qdq_button]), self.export_jobs, self.export_note,
@@ -108,12 +132,14 @@ class CalibrationPanel(widgets.VBox):
             return None
         data = self.data_path.value.strip() or int(self.data_count.value)
         evaluation = self.eval_path.value.strip() or (int(self.eval_count.value) or None)
-        methods = tuple(self.methods.value) or METHODS
-        percentile, seed = float(self.percentile.value), int(self.seed.value)
+        methods, rank = tuple(self.methods.value) or METHODS, self.rank_method.value
+        percentile = None if self.rule_percentile.value else float(self.percentile.value)
+        bins, seed = int(self.ort_entropy_bins.value), int(self.seed.value)
 
         def work(progress, cancel):
-            return calibrate(model, data, methods=methods, percentile=percentile, eval_data=evaluation, seed=seed,
-                             progress=progress, cancel=cancel)
+            return calibrate(model, data, methods=methods, method=rank, percentile=percentile,
+                             ort_entropy_bins=bins, eval_data=evaluation, seed=seed, progress=progress,
+                             cancel=cancel)
 
         def done(report):
             self.state.calibration = report
@@ -137,16 +163,19 @@ class CalibrationPanel(widgets.VBox):
         self.cache_button.disabled = self.qdq_button.disabled = not ready
         if not ready:
             self.summary.value = message_html("no calibration yet: choose data and press Calibrate", "info")
+            self.rules.value = ""
             self.tensor.options = []
             return
         cfg = report.config
-        self.summary.value = message_html(
+        # the notes (e.g. "the ranking rule is N dB worse than another") come first, as warnings
+        self.summary.value = "".join(message_html(n, "warn") for n in report.notes) + message_html(
             f"{len(report.tensors)} tensors calibrated on {cfg.get('feeds')} feed(s)"
             + (f", evaluated on {cfg.get('eval_feeds')}" if cfg.get("eval_feeds") else "")
-            + f"; methods {', '.join(report.methods)}; ranking under '{report.method}'", "ok") + "".join(
-            message_html(n, "info") for n in report.notes)
+            + f"; rules {', '.join(report.methods)}; ranking under '{report.method}' ({report.rule(report.method)})",
+            "ok")
+        self.rules.value = rules_table(report)
         with self.hold_trait_notifications():
-            self.export_method.options = report.methods
+            self.export_method.options = [rule_option(m) for m in report.methods]
             self.export_method.value = report.method
         options = []
         for e in report.sensitivity:
@@ -177,29 +206,32 @@ class CalibrationPanel(widgets.VBox):
             return
         errors = report.errors.get(name, {})
         self.tensor_note.value = table_html(
-            ["method", "amax", "clipped", "SQNR (dB)", "bulk SQNR (dB)", "worst (dB)"],
-            [(m, e.amax, f"{e.clipped_fraction:.4%}", e.sqnr_db, e.bulk_sqnr_db, e.worst_sqnr_db)
-             for m, e in errors.items()],
+            ["rule", "toolchain", "(lowest, highest)", "amax", "clipped", "SQNR (dB)", "bulk SQNR (dB)",
+             "worst (dB)"],
+            [(m, _toolchain(m), report.bounds.get(m, {}).get(name, (-e.amax, e.amax)), e.amax,
+              f"{e.clipped_fraction:.4%}", e.sqnr_db, e.bulk_sqnr_db, e.worst_sqnr_db) for m, e in errors.items()],
             classes=["first" if m == report.method else "" for m in errors])
         show_figure(self.histogram, fig)
 
     # --- export ----------------------------------------------------------------------------------------------
     def export_cache(self):
-        """Write the TensorRT calibration cache (chosen method) to the typed path."""
+        """Write the TensorRT calibration cache (the chosen rule's thresholds) to the typed path."""
         report = self.state.calibration
         if report is None:
             return None
+        method = self.export_method.value
         try:
             path = self.state.resolve_output(self.cache_path.value, "model.calib.cache")
-            written = report.write_trt_cache(path, self.export_method.value)
+            written = report.write_trt_cache(path, method)
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self.export_note.value = error_html(e, "writing the cache")
             return None
-        self.export_note.value = message_html(f"TensorRT cache ({self.export_method.value}) written: {written}", "ok")
+        self.export_note.value = message_html(
+            f"TensorRT cache written with '{method}' ({report.rule(method)}) thresholds: {written}", "ok")
         return written
 
     def export_qdq(self):
-        """Save the QDQ INT8 model (chosen method's ranges) to the typed path, on a thread."""
+        """Save the QDQ INT8 model (the chosen rule's ranges) to the typed path, on a thread."""
         report = self.state.calibration
         if report is None:
             return None
@@ -211,10 +243,40 @@ class CalibrationPanel(widgets.VBox):
             return None
 
         def work(progress, _cancel):
-            progress(0.2, f"quantizing with the {method} ranges")
+            progress(0.2, f"quantizing with the '{method}' ranges")
             return report.save_qdq(path, method)
 
         def done(written):
-            self.export_note.value = message_html(f"QDQ model ({method}) saved: {written}", "ok")
+            self.export_note.value = message_html(
+                f"QDQ model saved with '{method}' ({report.rule(method)}) ranges: {written}", "ok")
 
         return self.export_jobs.start("QDQ export", work, done)
+
+
+def _toolchain(method: str) -> str:
+    return RULES[method].toolchain if method in RULES else ""
+
+
+def rules_table(report: Any) -> str:
+    """The report's rules (``report.summary``): whose threshold each reproduces, its setting, the median tensor's
+    worst-case SQNR and on how many tensors it does best; the ranking rule's row marked."""
+    from ..calibrate.methods import percentile_of
+
+    cfg = report.config
+
+    def setting(method: str) -> str:
+        if method in DEFAULT_PERCENTILES:
+            return f"percentile {percentile_of(method, cfg.get('percentile')):g}"
+        if method == "ort-entropy" and cfg.get("ort_entropy_bins"):
+            return f"{cfg['ort_entropy_bins']} bins"
+        if method in RULES and RULES[method].reads == "trt" and cfg.get("num_bins"):
+            return f"{cfg['num_bins']} bins"
+        return ""
+
+    rows = [(m, s.get("toolchain") or _toolchain(m), s.get("rule") or report.rule(m), setting(m),
+             s.get("median_worst_sqnr_db"), s.get("tensors_best"), "ranks the tensors" if m == report.method else "")
+            for m, s in report.summary.items()]
+    return table_html(["rule", "toolchain", "whose threshold", "setting", "median worst SQNR (dB)",
+                       "tensors where best", ""], rows,
+                      classes=["first" if m == report.method else "" for m in report.summary],
+                      empty="this report scores no rules (it was made before rules were named)")

@@ -1,13 +1,16 @@
 """Background jobs for panels: the work runs on a thread (the kernel stays responsive), a progress bar follows
 the core's ``progress(fraction, message)`` callback, Cancel sets the core's ``cancel`` Event, and any failure
-becomes a message in the panel, never an exception in the kernel."""
+becomes a message in the panel, never an exception in the kernel. At interpreter exit every job is cancelled
+and its thread joined (a thread still inside a native library at exit aborts the process)."""
 
 from __future__ import annotations
 
+import atexit
 import html
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +22,28 @@ log = logging.getLogger(__name__)
 
 #: at most this many progress updates per second reach the browser
 MAX_UPDATES_PER_S = 10
+#: at interpreter exit, how long to wait in all for running jobs to end
+EXIT_JOIN_S = 30.0
+
+_LIVE: weakref.WeakSet[JobControls] = weakref.WeakSet()
+_exiting = threading.Event()
+
+
+def stop_all_jobs(timeout: float = EXIT_JOIN_S) -> bool:
+    """Cancel every panel's job, drop queued ones and join their threads within ``timeout`` seconds in all;
+    True when every thread ended. Registered with atexit."""
+    _exiting.set()
+    controls = list(_LIVE)
+    for jobs in controls:
+        jobs.stop()
+    deadline = time.monotonic() + timeout
+    ended = all([jobs.wait(max(0.0, deadline - time.monotonic())) for jobs in controls])  # join every one
+    if not ended:
+        log.warning("a panel job was still running %.0f s after exit began", timeout)
+    return ended
+
+
+atexit.register(stop_all_jobs)
 
 
 class JobControls(widgets.VBox):
@@ -58,6 +83,10 @@ class JobControls(widgets.VBox):
         """Run ``work`` on a thread. If a job is running: with ``replace`` cancel it and run this one next (the
         latest request wins, e.g. clicking layer after layer), otherwise say so and return None."""
         job = (name, work, on_done, on_error)
+        if _exiting.is_set():
+            log.info("%s not started: the interpreter is exiting", name)
+            return None
+        _LIVE.add(self)
         with self._lock:
             if self._active:
                 if not replace:
@@ -130,6 +159,12 @@ class JobControls(widgets.VBox):
         if self.running:
             self._cancel.set()
             self.label.value = html.escape("cancelling...")
+
+    def stop(self) -> None:
+        """Cancel the running job and drop any queued one (shutdown)."""
+        with self._lock:
+            self._next = None
+            self._cancel.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job (and any queued after it) ends (tests, scripts); True if it ended."""

@@ -16,17 +16,19 @@ def message_html(text: str, kind: str = "info") -> str:
 
 def error_text(exc: BaseException) -> str:
     """One readable line: a WorkbenchError's message and hint; anything else named as an internal error."""
-    from ..errors import WorkbenchError
+    from ..errors import Cancelled, WorkbenchError
 
     if isinstance(exc, WorkbenchError):
         return str(exc)
+    if isinstance(exc, Cancelled):
+        return f"cancelled ({exc.message})"
     return f"internal error ({type(exc).__name__}: {exc}); the kernel log has the details"
 
 
 def error_html(exc: BaseException, what: str = "") -> str:
-    from ..errors import WorkbenchError
+    from ..errors import Cancelled, WorkbenchError
 
-    if not isinstance(exc, WorkbenchError):
+    if not isinstance(exc, (WorkbenchError, Cancelled)):
         log.error("%s failed", what or "a task", exc_info=exc)
     prefix = f"{what} failed: " if what else ""
     return message_html(prefix + error_text(exc), "error")

@@ -36,6 +36,10 @@ def make_variant(
         if options:
             raise VariantError(f"fp32 takes no options (got {', '.join(options)})", "drop them")
         return VariantResult(model=copy_model(proto), variant="fp32", converter="none")
+    if name in ("fp16", "int8"):  # the converters would fail on these graphs and take the blame
+        from ..model.validate import check_structure
+
+        check_structure(proto)
     if name == "fp16":
         from .fp16 import to_fp16
 
