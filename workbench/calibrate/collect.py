@@ -13,9 +13,11 @@ feed's worth of one chunk plus two small histograms per tensor, whatever the num
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -116,18 +118,20 @@ def collect(
             progress(span[0] + (span[1] - span[0]) * done / steps,
                      f"chunk {gi + 1}/{len(groups)}: {what} feed {fi + 1}/{len(feeds)}")
 
+    pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="calibrate")
     for gi, group in enumerate(groups):
-        keep_bytes = sum(sizes.get(t) or 0 for t in group) * len(feeds)
-        kept: list[dict] | None = [] if ort and all(sizes.get(t) for t in group) and keep_bytes <= budget // 4 \
-            else None
+        kept: list[dict] | None = [] if ort else None  # the chunk's arrays for pass two, while under budget / 4
+        kept_bytes = 0
         with engine.prepare(model.proto, group) as session:
             for fi, feed in enumerate(feeds):
                 tick(gi, fi, "")
                 values = session.run(feed)
-                for name in group:
-                    _update(out, name, values.get(name))
+                list(pool.map(lambda name, values=values: _update(out, name, values.get(name)), group))
                 if kept is not None:
                     kept.append({n: values.get(n) for n in group})
+                    kept_bytes += sum(v.nbytes for v in values.values() if isinstance(v, np.ndarray))
+                    if kept_bytes > budget // 4:
+                        kept = None
                 del values
                 done += 1
             if ort:
@@ -138,8 +142,9 @@ def collect(
                         done += 1
                         yield kept[fi] if kept is not None else session.run(feed)
 
-                _second_pass(out, group, replay(), num_bins, ort_entropy_bins)
+                _second_pass(out, group, replay(), num_bins, ort_entropy_bins, pool)
                 kept = None
+    pool.shutdown()
     for name in out.skipped:
         out.histograms.pop(name, None)
         out.trt.pop(name, None)
@@ -148,18 +153,25 @@ def collect(
     return out
 
 
-def _second_pass(out: Collection, names: list[str], batches, num_bins: int, entropy_bins: int) -> None:
+def _second_pass(out: Collection, names: list[str], batches, num_bins: int, entropy_bins: int,
+                 pool: ThreadPoolExecutor | None = None) -> None:
     """Fill ORT's histograms of ``names`` from ``batches`` (dicts by name), their ranges known from pass one."""
     live = [n for n in names if n not in out.skipped and out.histograms[n].count]
     for n in live:
         h = out.histograms[n]
         low = out.trt[n].low  # min |x|: tracked by the TensorRT histogram
         out.ort[n] = OrtHistograms(np.float32(h.min), np.float32(h.max), np.float32(low), entropy_bins, num_bins)
+    def update(n: str, values: dict) -> None:
+        v = values.get(n)
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            out.ort[n].update(v)
+
     for values in batches:
-        for n in live:
-            v = values.get(n)
-            if isinstance(v, np.ndarray) and v.dtype.kind == "f":
-                out.ort[n].update(v)
+        if pool is None:
+            for n in live:
+                update(n, values)
+        else:
+            list(pool.map(lambda n, values=values: update(n, values), live))
 
 
 def _update(out: Collection, name: str, value) -> None:

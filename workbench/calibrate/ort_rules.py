@@ -64,8 +64,9 @@ class OrtHistograms:
     def update(self, values: np.ndarray) -> OrtHistograms:
         x = np.asarray(values, dtype=np.float32).reshape(-1)
         x = x[np.isfinite(x)] if not np.isfinite(x).all() else x
-        signed = fixed_histogram(x, self.signed_edges)
-        self.signed = signed if self.signed is None else self.signed + signed
+        if self.entropy_bins // 2 > QUANTIZED_BINS // 2:  # else a single window: its counts never matter
+            signed = fixed_histogram(x, self.signed_edges)
+            self.signed = signed if self.signed is None else self.signed + signed
         absolute = fixed_histogram(np.absolute(x), self.abs_edges)
         self.absolute = absolute if self.absolute is None else self.absolute + absolute
         return self
@@ -91,26 +92,34 @@ class OrtHistograms:
         return np.zeros(n, np.int64) if counts is None else counts
 
 
-def fixed_histogram(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+def fixed_histogram(x: np.ndarray, edges: np.ndarray, block: int = 1 << 16) -> np.ndarray:
     """``np.histogram(x, len(edges) - 1, range=(edges[0], edges[-1]))[0]`` for float32 ``x`` and the float32
-    edges np.histogram makes for that range, in fewer passes: the same index arithmetic (float32), then the
-    same correction against the edges, so every value lands in the bin numpy puts it in."""
+    edges np.histogram makes for that range. The bin index comes from the same float32 arithmetic; only values
+    within 1/512 of a bin boundary (where that arithmetic may be one bin off) are checked against the edges,
+    as np.histogram checks every value, so every value lands in numpy's bin. Blocks of ``block`` values keep
+    the temporaries in cache."""
+    if x.size > block:
+        return sum(fixed_histogram(x[i:i + block], edges, block) for i in range(0, x.size, block))
     n = edges.size - 1
     lo, hi = edges[0], edges[-1]
-    keep = (x >= lo) & (x <= hi)
-    if not keep.all():
-        x = x[keep]
+    if x.size and (x.min() < lo or x.max() > hi):
+        x = x[(x >= lo) & (x <= hi)]
     denom = np.float32(hi - lo)
-    if denom == 0:  # np.histogram widens an empty range; every value then sits in the middle bin
+    if denom == 0 or x.size == 0:  # np.histogram widens an empty range
         return np.histogram(x, n, range=(lo, hi))[0]
     f = x - lo
     f /= denom
     f *= n
     idx = f.astype(np.intp)
+    f -= idx
+    near = np.flatnonzero((f < 1 / 512) | (f > 1 - 1 / 512))
     del f
-    idx[idx == n] -= 1
-    idx[x < edges[idx]] -= 1
-    idx[(x >= edges[idx + 1]) & (idx != n - 1)] += 1
+    idx[idx == n] = n - 1
+    if near.size:
+        v, k = x[near], idx[near]
+        k -= v < edges[k]
+        k += (v >= edges[k + 1]) & (k != n - 1)
+        idx[near] = k
     return np.bincount(idx, minlength=n)
 
 
@@ -162,15 +171,16 @@ def entropy_range(h: OrtHistograms, levels: int = QUANTIZED_BINS) -> tuple[float
     """ORT's entropy range (lowest, highest) from ``h.signed``: every window scored at once in float64
     (:func:`screen_divergences`), then the windows within rounding of the best re-scored one by one with ORT's
     float32 operations (:func:`window_divergence`); the first minimum wins, as in ORT."""
-    hist = np.asarray(h.signed, dtype=np.int64)
+    n = h.entropy_bins
+    hist = np.zeros(n, np.int64) if h.signed is None else np.asarray(h.signed, dtype=np.int64)
     edges = h.signed_edges
-    n = hist.size
     zero = n // 2
     half = levels // 2
     if zero < half:
         return float(h.vmin), float(h.vmax)
     csum = np.concatenate([[0], np.cumsum(hist)])
-    approx = screen_divergences(hist, levels)
+    with np.errstate(all="ignore"):  # empty windows give inf/nan scores, ruled out below
+        approx = screen_divergences(hist, levels)
     finite = np.isfinite(approx)
     if finite.any():
         best = approx[finite].min()
@@ -179,7 +189,10 @@ def entropy_range(h: OrtHistograms, levels: int = QUANTIZED_BINS) -> tuple[float
         near = np.arange(approx.size)
     if near.size > _SCREEN_MAX:
         near = np.arange(approx.size)  # a flat curve: score every window exactly
-    exact = np.array([window_divergence(hist, csum, zero - i, min(zero + i + 1, n), levels) for i in half + near])
+    if approx.size == 1:  # one window (ORT's default 128 bins): nothing to score
+        near = np.zeros(1, np.int64)
+    exact = np.array([window_divergence(hist, csum, zero - i, min(zero + i + 1, n), levels) for i in half + near]
+                     if approx.size > 1 else [0.0])
     i = half + int(near[int(np.argmin(exact))])
     lo, hi = edges[zero - i], edges[min(zero + i + 1, n)]
     lo = h.vmin if lo < h.vmin else lo

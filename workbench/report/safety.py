@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._files import file_kind
 from ..errors import WorkbenchError
 
 #: largest JSON document read (manifest, results, Polygraphy files hold base64 arrays: larger)
@@ -80,16 +81,6 @@ def confined(root: Path, name: Any, where: str, *, must_exist: bool = True) -> P
         if not stat.S_ISREG(mode):
             raise UnsafeBundleError(f"{where}: {name!r} is {file_kind(mode)}, not a regular file; refusing to open it")
     return target
-
-
-def file_kind(mode: int) -> str:
-    """'a FIFO (named pipe)', 'a character device', ... for a stat mode."""
-    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
-        if test(mode):
-            return kind
-    return "a special file"
 
 
 def regular_file(path: Path, where: str, hint: str | None = None) -> os.stat_result:
