@@ -447,3 +447,20 @@ def test_calibration_failure_is_a_message(tmp_path):
     panel.run()
     assert panel.wait(60)
     assert panel.state.calibration is None and "wb-error" in panel.jobs.status.value
+
+
+def test_graph_panel_opens_a_large_model_without_name_scopes(tmp_path):
+    """Issue 13.1: over max_nodes nodes and no '/' in the names used to crash (depth 1 not among the options)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    n = 2000
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu_{i}") for i in range(n)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])])
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    panel = GraphPanel(path, max_nodes=1500)
+    assert "wb-error" not in panel.message.value, panel.message.value
+    assert panel.depth.value in [v for _, v in panel.depth.options] and panel.depth.value == -1
+    assert len(panel.canvas.data["ids"]) == n and "no name scopes" in panel.message.value

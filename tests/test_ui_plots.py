@@ -133,6 +133,9 @@ def test_scopes_collapse_and_reveal():
     depth = auto_depth(view, 200)
     assert depth is not None and len(items_at(view, depth)[0]) <= 200
     assert auto_depth(view, 5000) is None
+    flat = GraphView([f"n{i}" for i in range(300)], ["Relu"] * 300, [(i, i + 1) for i in range(299)],
+                     [()] * 300, [""] * 300, [""] * 300)
+    assert flat.max_depth == 0 and auto_depth(flat, 200) is None, "no scopes: nothing to collapse"
     node = view.names[500]
     opened = reveal(view, node, 1)
     assert node in items_at(view, 1, opened)[0]

@@ -118,33 +118,28 @@ def collect(
             progress(span[0] + (span[1] - span[0]) * done / steps,
                      f"chunk {gi + 1}/{len(groups)}: {what} feed {fi + 1}/{len(feeds)}")
 
-    pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="calibrate")
-    for gi, group in enumerate(groups):
-        kept: list[dict] | None = [] if ort else None  # the chunk's arrays for pass two, while under budget / 4
-        kept_bytes = 0
-        with engine.prepare(model.proto, group) as session:
-            for fi, feed in enumerate(feeds):
-                tick(gi, fi, "")
-                values = session.run(feed)
-                list(pool.map(lambda name, values=values: _update(out, name, values.get(name)), group))
-                if kept is not None:
-                    kept.append({n: values.get(n) for n in group})
-                    kept_bytes += sum(v.nbytes for v in values.values() if isinstance(v, np.ndarray))
-                    if kept_bytes > budget // 4:
-                        kept = None
-                del values
-                done += 1
-            if ort:
-                def replay(session=session, kept=kept, gi=gi):
-                    nonlocal done
-                    for fi, feed in enumerate(feeds):
-                        tick(gi, fi, "ONNX Runtime histograms,")
-                        done += 1
-                        yield kept[fi] if kept is not None else session.run(feed)
+    # two workers: each update holds ~3 temporaries of its tensor, which the chunk budget leaves room for twice
+    pool = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="calibrate")
+    try:
+        for gi, group in enumerate(groups):
+            with engine.prepare(model.proto, group) as session:
+                for fi, feed in enumerate(feeds):
+                    tick(gi, fi, "")
+                    values = session.run(feed)
+                    list(pool.map(lambda name, values=values: _update(out, name, values.get(name)), group))
+                    del values
+                    done += 1
+                if ort:
+                    def replay(session=session, gi=gi):
+                        nonlocal done
+                        for fi, feed in enumerate(feeds):
+                            tick(gi, fi, "ONNX Runtime histograms,")
+                            done += 1
+                            yield session.run(feed)
 
-                _second_pass(out, group, replay(), num_bins, ort_entropy_bins, pool)
-                kept = None
-    pool.shutdown()
+                    _second_pass(out, group, replay(), num_bins, ort_entropy_bins, pool)
+    finally:
+        pool.shutdown(cancel_futures=True)
     for name in out.skipped:
         out.histograms.pop(name, None)
         out.trt.pop(name, None)

@@ -133,8 +133,9 @@ def items_at(view: GraphView, depth: int | None, expanded: Iterable[str] = (),
 
 
 def auto_depth(view: GraphView, max_nodes: int = 1500) -> int | None:
-    """The deepest collapse depth that shows at most ``max_nodes`` boxes (None: the graph fits as it is)."""
-    if len(view.names) <= max_nodes:
+    """The deepest collapse depth (1 to ``view.max_depth``) that shows at most ``max_nodes`` boxes, else the
+    shallowest (None: the graph fits as it is, or its names have no scopes to collapse)."""
+    if len(view.names) <= max_nodes or view.max_depth < 1:
         return None
     best = 1
     for d in range(1, view.max_depth + 1):

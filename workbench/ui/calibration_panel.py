@@ -91,8 +91,9 @@ class CalibrationPanel(widgets.VBox):
         self.export_jobs = JobControls()
         self.cache_button.on_click(lambda _: self.export_cache())
         self.qdq_button.on_click(lambda _: self.export_qdq())
+        self._quiet = False  # set while a new report fills the tensor list: it draws once, after
         for w in (self.tensor, self.log_y, self.show_eval):
-            w.observe(lambda _: self._draw_tensor(), "value")
+            w.observe(lambda _: None if self._quiet else self._draw_tensor(), "value")
         self.state.observe(lambda _: self.refresh(), "calibration")
         self.state.observe(lambda _: self._default_paths(), "model")
         setup = widgets.VBox([
@@ -163,8 +164,9 @@ class CalibrationPanel(widgets.VBox):
         self.cache_button.disabled = self.qdq_button.disabled = not ready
         if not ready:
             self.summary.value = message_html("no calibration yet: choose data and press Calibrate", "info")
-            self.rules.value = ""
+            self.rules.value = self.tensor_note.value = ""
             self.tensor.options = []
+            self.histogram.clear_output()
             return
         cfg = report.config
         # the notes (e.g. "the ranking rule is N dB worse than another") come first, as warnings
@@ -183,9 +185,16 @@ class CalibrationPanel(widgets.VBox):
             options.append((f"#{e.rank} {e.tensor}  ({worst}; best: {e.best_method})", e.tensor))
         ranked = {t for _, t in options}
         options += [(t, t) for t in report.tensors if t not in ranked]
-        self.tensor.options = options
-        if options:
-            self.tensor.value = options[0][1]
+        keep = self.tensor.value
+        self._quiet = True
+        try:
+            self.tensor.options = options
+            self.tensor.value = keep if keep in ranked or keep in report.tensors else \
+                (options[0][1] if options else None)
+        finally:
+            self._quiet = False
+        # always redraw: the same tensor selected again triggers no change, but its numbers are the new report's
+        self._draw_tensor()
         show_figure(self.sensitivity, sensitivity_bars(report))
         rows = sorted(report.representativeness or [], key=lambda r: (not r.flagged, -r.js_distance))
         self.represent.value = table_html(
@@ -198,6 +207,8 @@ class CalibrationPanel(widgets.VBox):
     def _draw_tensor(self) -> None:
         report, name = self.state.calibration, self.tensor.value
         if report is None or not name:
+            self.tensor_note.value = ""
+            self.histogram.clear_output()
             return
         try:
             fig = calibration_histogram(report, name, log_y=self.log_y.value, show_eval=self.show_eval.value)

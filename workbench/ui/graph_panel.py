@@ -84,6 +84,8 @@ class GraphPanel(widgets.VBox):
         self.view = GraphView.from_graph(model.graph, constants=self.constants.value)
         start = auto_depth(self.view, self.max_nodes)
         options = [("every node", -1)] + [(f"scopes to depth {d}", d) for d in range(1, self.view.max_depth + 1)]
+        if start is not None and start not in {v for _, v in options}:
+            start = None  # never a value the dropdown lacks (TraitError)
         with self.hold_trait_notifications():
             self.depth.options = options
             self.depth.value = -1 if start is None else start
@@ -91,6 +93,10 @@ class GraphPanel(widgets.VBox):
             self.message.value = message_html(
                 f"{len(self.view.names)} nodes: collapsed by name scope to depth {start} "
                 f"({len(items_at(self.view, start)[0])} boxes). Double-click a dashed box to open it.", "info")
+        elif len(self.view.names) > self.max_nodes:
+            self.message.value = message_html(
+                f"{len(self.view.names)} nodes and no name scopes to collapse them by: every node is drawn "
+                "(search a name, or Focus on a node's neighbourhood).", "info")
         else:
             self.message.value = ""
         self.refresh()
