@@ -133,3 +133,23 @@ def test_ort_entropy_equals_ort_histogram_collector_on_varied_data():
         for f in feeds:
             h.update(f)
         assert entropy_range(h) == (float(lo), float(hi)), trial
+
+
+def test_fixed_histogram_is_numpys_histogram():
+    """Our fast binning against np.histogram itself, with values placed exactly on and one ulp around every edge."""
+    from workbench.calibrate.ort_rules import fixed_histogram
+
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        x = (rng.standard_normal(int(rng.integers(1, 200000))) ** int(rng.integers(1, 4))
+             * rng.uniform(1e-3, 1e3)).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.abs(x)
+        bins = int(rng.choice([128, 1000, 2048, 4096]))
+        top = np.array(np.abs(x).max(), dtype=np.float32)
+        lo = -top if trial % 3 else np.float32(x.min())
+        _, edges = np.histogram(x, bins, range=(lo, top))
+        near = [edges, np.nextafter(edges, np.float32(np.inf)), np.nextafter(edges, np.float32(-np.inf))]
+        values = np.concatenate([x, *(e.astype(np.float32) for e in near)])
+        expected, _ = np.histogram(values, bins, range=(lo, top))
+        np.testing.assert_array_equal(fixed_histogram(values, edges), expected)

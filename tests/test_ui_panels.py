@@ -234,6 +234,32 @@ TRANSFORMER = SAMPLES / "transformer_block.onnx"
 POW = "/block/ln2/Pow"
 
 
+def test_errors_panel_on_a_result_opened_from_a_bundle(tmp_path):
+    """Issue 13.3, the reproduce_investigation notebook's click: a bundle's result keeps its feeds, so the layer
+    values run both engines on exactly those feeds."""
+    from workbench.compare.api import compare
+    from workbench.report import load_bundle, save_bundle
+
+    feeds = SAMPLES / "transformer_block_inputs.npz"
+    found = compare(TRANSFORMER, "ort", "ref:fp16", feeds=feeds)
+    bundle_dir = tmp_path / "ln2-overflow"
+    save_bundle(found, dest=bundle_dir, tensors="auto")
+    saved = load_bundle(bundle_dir).result
+    assert saved.used_feeds is not None and len(saved.used_feeds) == len(found.used_feeds)
+    assert all(np.array_equal(a[k], b[k], equal_nan=True) for a, b in zip(saved.used_feeds, found.used_feeds)
+               for k in a)
+    panel = ErrorsPanel(saved, model=TRANSFORMER)
+    layer = found.culprits[0].node
+    panel.select(layer)
+    assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
+    assert "value distributions" in _outputs_text(panel.values_plot)
+    from workbench.inspect_tensor import probe_for
+
+    tensor = next(t.tensor for t in found.tensors if t.node == layer)
+    now, then = probe_for(saved, TRANSFORMER).values(tensor, 0), probe_for(found).values(tensor, 0)
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(now, then)), "the same feeds and engines"
+
+
 @pytest.fixture(scope="module")
 def dips_result():
     """Outputs pass under ort:fp16; internal tensors of the second LayerNorm dip (Pow overflows FP16)."""
@@ -464,3 +490,33 @@ def test_graph_panel_opens_a_large_model_without_name_scopes(tmp_path):
     assert "wb-error" not in panel.message.value, panel.message.value
     assert panel.depth.value in [v for _, v in panel.depth.options] and panel.depth.value == -1
     assert len(panel.canvas.data["ids"]) == n and "no name scopes" in panel.message.value
+
+
+def test_calibrating_again_redraws_the_selected_tensor():
+    """Issue 13.2: a second report selecting the same tensor showed the first report's table and histogram."""
+    from workbench.plots.calibration import calibration_histogram
+    from workbench.ui.figures import figure_bundle
+    from workbench.ui.tables import fmt
+
+    panel = CalibrationPanel(SAMPLES / "int8_outlier.onnx")
+    # ranked by 'max' (independent of the percentile): the same tensor is selected both times
+    panel.methods.value, panel.rank_method.value = ("percentile", "max"), "max"
+    panel.data_count.value, panel.eval_count.value = 4, 0
+    panel.rule_percentile.value = False
+    shown = []
+    for percentile in (90.0, 99.99):
+        panel.percentile.value = percentile
+        panel.run()
+        assert panel.wait(180) and panel.jobs.error is None, panel.jobs.status.value
+        report, name = panel.state.calibration, panel.tensor.value
+        assert report.config["percentile"] == percentile
+        amax = report.errors[name]["percentile"].amax
+        assert fmt(amax) in panel.tensor_note.value
+        bundle = panel.histogram.outputs[0]["data"]
+        expected = calibration_histogram(report, name, log_y=panel.log_y.value, show_eval=panel.show_eval.value)
+        assert bundle == figure_bundle(expected)
+        shown.append((name, amax, bundle))
+    (first, amax0, fig0), (second, amax1, fig1) = shown
+    assert first == second, "the same tensor stays selected: the case that used to keep the old numbers"
+    assert amax0 != amax1 and fig0 != fig1
+    assert fmt(amax0) not in panel.tensor_note.value

@@ -57,6 +57,10 @@ def test_inventory_bar_counts_every_op():
     assert counts == {r.op_type: r.count for r in found.inventory.ops}
     assert sum(counts.values()) == found.nodes
     assert inventory_bar(found.to_json()).data[0].y == fig.data[0].y  # the JSON works too
+    assert fig.layout.xaxis.tickformat == ",d" and fig.layout.xaxis.title.text == "nodes"
+    # issue 13.15: no "0.2 nodes" ticks
+    small = inventory_bar({"ops": [{"op_type": "Relu", "domain": "ai.onnx", "count": 1}]})
+    assert small.layout.xaxis.dtick == 1 and small.layout.xaxis.tickformat == ",d"
 
 
 def test_calibration_histogram_marks_every_method(calibration):
@@ -337,6 +341,46 @@ def test_inf_nan_layers_are_drawn_at_a_cap_not_as_gaps(overflow_result):
     assert log.layout.yaxis.type == "log"
     ys = [y for y, row in zip(log.data[0].y, log.data[0].customdata) if "drawn at the cap" not in row[3]]
     assert min(y for y, row in zip(log.data[0].y, log.data[0].customdata) if "drawn at the cap" in row[3]) > max(ys)
+
+
+def test_nonfinite_metrics_get_their_own_marker_and_finite_json(overflow_result):
+    """Issue 13.8: layers whose metric is inf/NaN are named by a marker of their own, and the figure's JSON holds
+    only finite numbers."""
+    from workbench.plots.compare import layer_error_curve
+
+    result = overflow_result
+    fig = layer_error_curve(result)
+    bad = [t.topo_index for t in result.tensors if not isinstance(t.metrics.get("sqnr_db"), float)
+           or not math.isfinite(t.metrics["sqnr_db"])]
+    marked = _trace(fig, "sqnr_db inf/NaN (drawn at the cap)")
+    assert bad and sorted(marked.x) == sorted(bad)
+    assert all("drawn at the cap" in row[3] for row in marked.customdata)
+    assert_json_finite(fig)
+
+
+def test_only_exact_matches_sit_on_the_exact_line(clamp_result):
+    """Issue 13.9: a diverged tensor whose SQNR is +inf (finite values equal, inf/NaN where the reference has none)
+    is drawn with the bad values, not on the "exact matches drawn at 200 dB" line; the star stays below tolerance."""
+    from workbench.plots.compare import SQNR_EXACT_DB, layer_error_curve
+
+    result = copy.copy(clamp_result)
+    result.tensors = [copy.copy(t) for t in clamp_result.tensors]  # the module fixture stays as it was
+    tensors = sorted(result.tensors, key=lambda t: t.topo_index)
+    first = result.first_divergent
+    exact = next(t for t in tensors if not t.diverged)
+    exact.metrics = {**exact.metrics, "sqnr_db": math.inf, "nonfinite_mismatch": 0}
+    first.metrics = {**first.metrics, "sqnr_db": math.inf, "nonfinite_mismatch": 3}
+    assert first.diverged and result.first_divergent.tensor == first.tensor
+    fig = layer_error_curve(result)
+    y = dict(zip(fig.data[0].x, fig.data[0].y))
+    assert y[exact.topo_index] == SQNR_EXACT_DB
+    assert y[first.topo_index] < result.criterion.threshold, "a diverged tensor is never drawn as exact"
+    assert [v for v in y.values() if v == SQNR_EXACT_DB] == [SQNR_EXACT_DB]
+    star = _trace(fig, "first divergent")
+    assert list(star.y) == [y[first.topo_index]] and star.y[0] < result.criterion.threshold
+    assert first.topo_index in list(_trace(fig, "sqnr_db inf/NaN (drawn at the cap)").x)
+    assert any("exact matches drawn at" in (a.text or "") for a in fig.layout.annotations)
+    assert_json_finite(fig)
 
 
 def test_error_curve_marks_outputs_at_their_floor(floor_result):

@@ -4,9 +4,11 @@ representativeness against evaluation data, and an optional sweep on the model's
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -94,10 +96,16 @@ def calibrate(
                      "counted apart and left out of ranges and errors")
 
     t0 = time.perf_counter()
-    bounds = {m: {t: compute_range(m, hists[t], trt=calib.trt.get(t), ort=calib.ort.get(t), percentile=percentile)
-                  for t in tensors} for m in methods}
+    def per_tensor(t: str):
+        b = {m: compute_range(m, hists[t], trt=calib.trt.get(t), ort=calib.ort.get(t), percentile=percentile)
+             for m in methods}
+        return b, tensor_errors(hists[t], {m: max(abs(lo), abs(hi)) for m, (lo, hi) in b.items()})
+
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:  # numpy releases the GIL
+        done = dict(zip(tensors, pool.map(per_tensor, tensors)))
+    bounds = {m: {t: done[t][0][m] for t in tensors} for m in methods}
     ranges = {m: {t: max(abs(lo), abs(hi)) for t, (lo, hi) in b.items()} for m, b in bounds.items()}
-    errors = {t: tensor_errors(hists[t], {m: ranges[m][t] for m in methods}) for t in tensors}
+    errors = {t: done[t][1] for t in tensors}
     sensitivity = rank_sensitivity(errors, chosen, tensors)
     summary = method_summary(errors, methods, tensors)
     note = chosen_note(summary, chosen)

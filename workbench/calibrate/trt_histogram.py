@@ -52,15 +52,14 @@ def arange_count(end: float, width: float) -> int:
 def histc32(a: np.ndarray, bins: int, top: float) -> np.ndarray:
     """``torch.histc(a, bins, min=0, max=top)`` for float32 |x| (values above ``top`` are left out), as float32."""
     top32 = np.float32(top)
+    if a.size and a.max() > top32:
+        a = a[a <= top32]
     pos = np.multiply(a, np.float32(bins), dtype=np.float32)
     np.divide(pos, top32, out=pos)
-    np.floor(pos, out=pos)
-    idx = pos.astype(np.intp)
-    idx[idx == bins] = bins - 1
-    keep = a <= top32
-    if not keep.all():
-        idx = idx[keep]
-    return np.bincount(idx, minlength=bins)[:bins].astype(np.float32)
+    idx = pos.astype(np.intp)  # truncation: floor for these non-negative values
+    del pos
+    np.minimum(idx, bins - 1, out=idx)
+    return np.bincount(idx, minlength=bins).astype(np.float32)
 
 
 @dataclass

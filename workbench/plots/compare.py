@@ -101,11 +101,12 @@ def _bad_cap(metric: str, values: list[float | None], threshold: float | None, l
     return hi + max(0.15 * (hi - lo), 0.1 * abs(hi), 1e-6)
 
 
-def _plotted(value: Any, metric: str, cap: float, log: bool) -> tuple[float | None, bool]:
-    """(y, capped): the value as drawn. inf/NaN (and -inf dB) go to ``cap``; +inf dB to SQNR_EXACT_DB."""
+def _plotted(value: Any, metric: str, cap: float, log: bool, exact: bool = True) -> tuple[float | None, bool]:
+    """(y, capped): the value as drawn. inf/NaN (and -inf dB) go to ``cap``; +inf dB to SQNR_EXACT_DB when
+    ``exact`` (the tensor matches), else to ``cap`` too (e.g. finite values equal, inf/NaN where the other is not)."""
     v = _value(value)
     if v is None or not math.isfinite(v):
-        if v is not None and math.isinf(v) and v > 0 and metric == "sqnr_db":
+        if v is not None and math.isinf(v) and v > 0 and metric == "sqnr_db" and exact:
             return SQNR_EXACT_DB, False
         return cap, True
     if log and v <= 0:
@@ -159,14 +160,18 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
     raw = [_shown(t.metrics.get(m), m) for t in tensors]
     log = _log_axis(m, raw)
     cap = _bad_cap(m, raw + [_shown((t.floor or {}).get(m), m) for t in tensors], threshold, log)
-    drawn = [_plotted(t.metrics.get(m), m, cap, log) for t in tensors]
+    # only an exact match sits on the SQNR_EXACT_DB line; a diverged tensor with +inf dB is drawn with the bad ones
+    exact = [not t.diverged and not (t.metrics.get("nonfinite_mismatch") or 0) for t in tensors]
+    drawn = [_plotted(t.metrics.get(m), m, cap, log, ok) for t, ok in zip(tensors, exact)]
     x = [t.topo_index for t in tensors]
     y = [d[0] for d in drawn]
     capped = [d[1] for d in drawn]
     custom = []
     for t, is_capped in zip(tensors, capped):
         floor = t.floor or {}
-        value = _label(t.metrics.get(m), m) + (" (drawn at the cap)" if is_capped else "")
+        v = _value(t.metrics.get(m))
+        value = ("inf dB on the finite values, but not a match" if is_capped and v == math.inf
+                 else _label(t.metrics.get(m), m)) + (" (drawn at the cap)" if is_capped else "")
         floor_text = f"{str(floor.get('format', '')).upper()} floor {_label(floor.get(m), m)}" if t.floor else \
             "no floor (held in float32 or wider)"
         custom.append([t.tensor, t.node, t.op_type, value, t.metrics.get("nonfinite_mismatch") or 0, floor_text,
@@ -200,6 +205,8 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
     # diverged by inf/NaN where the reference is finite, whatever the metric says
     marks([i for i, t in enumerate(tensors) if (t.metrics.get("nonfinite_mismatch") or 0) > 0], "inf/NaN mismatch",
           {"size": 8, "color": BAD_COLOR, "symbol": "x"})
+    marks([i for i, c in enumerate(capped) if c], f"{m} inf/NaN (drawn at the cap)",
+          {"size": 9, "color": BAD_COLOR, "symbol": "triangle-down-open", "line": {"width": 2}})
     if threshold is not None:
         fig.add_hline(y=threshold, line={"color": BAD_COLOR, "dash": "dash", "width": 1},
                       annotation_text=f"tolerance: {esc(result.criterion.describe())}",

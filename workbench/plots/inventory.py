@@ -42,7 +42,10 @@ def inventory_bar(source: Any, top: int | None = 40) -> go.Figure:
     title = f"operator inventory: {len(rows) + len(left)} op types, {total} nodes"
     if left:
         title += f" (top {len(rows)} shown)"
-    fig.update_layout(title=title, template="plotly_white", barmode="stack", xaxis_title="nodes",
+    # counts are whole: integer ticks, one per node when the longest bar is short (plotly would tick 0.2, 0.4...)
+    most = max((r["count"] for r in rows), default=0)
+    xaxis = {"title": "nodes", "tickformat": ",d", "rangemode": "tozero", **({"dtick": 1} if most <= 10 else {})}
+    fig.update_layout(title=title, template="plotly_white", barmode="stack", xaxis=xaxis,
                       yaxis={"autorange": "reversed", "categoryorder": "array",
                              "categoryarray": [esc(r["op_type"]) for r in rows]},
                       height=max(260, 90 + 22 * len(rows)), legend={"title": "domain"},

@@ -359,9 +359,38 @@ class Bundle:
         doc = read_json(confined(self.root, self.manifest.get("results", RESULTS), "manifest 'results'"),
                         f"{self.source.name}: results.json", schema="workbench.compare/1")
         try:
-            return CompareResult.from_json(doc)
+            result = CompareResult.from_json(doc)
         except (KeyError, TypeError, ValueError) as e:
             raise BundleError(f"{self.source.name}: results.json is incomplete ({type(e).__name__}: {e})") from None
+        # the feeds and options it ran with: the layer-values view (inspect_tensor.probe_for) reruns both engines
+        if self.manifest.get("feeds") is not None:
+            result.used_feeds = self.feeds()
+        result.run_options = self._run_options()
+        return result
+
+    def _run_options(self) -> dict:
+        """The recorded comparison options, as ``CompareResult.run_options`` holds them (engine options filtered
+        through the bundle allow-list, as a rerun does)."""
+        from ..compare.options import CompareOptions
+        from .engine_options import bundle_engine_options
+
+        opts = self.manifest.get("compare")
+        if not isinstance(opts, dict):
+            return {}
+        typed = opts.get("options")
+        try:
+            engine_options, _notes = bundle_engine_options((typed if isinstance(typed, dict) else opts)
+                                                           .get("engine_options"))
+            calib = self.calibration_feeds()
+            run = {"keep_fp32": list(opts.get("keep_fp32") or ()), "memory_budget": opts.get("memory_budget"),
+                   "engine_options": engine_options, "calibration_feeds": calib}
+            if isinstance(typed, dict):
+                run["options"] = CompareOptions.from_json({**typed, "engine_options": engine_options}).replace(
+                    calibration_feeds=calib)
+        except (KeyError, TypeError, ValueError) as e:
+            raise BundleError(f"{self.source.name}: manifest 'compare' is malformed "
+                              f"({type(e).__name__}: {e})") from None
+        return run
 
     def _files(self, section: Any, where: str) -> list[Path]:
         if section is None:

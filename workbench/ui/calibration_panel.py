@@ -166,7 +166,7 @@ class CalibrationPanel(widgets.VBox):
             self.summary.value = message_html("no calibration yet: choose data and press Calibrate", "info")
             self.rules.value = self.tensor_note.value = ""
             self.tensor.options = []
-            self.histogram.clear_output()
+            self.histogram.outputs = ()
             return
         cfg = report.config
         # the notes (e.g. "the ranking rule is N dB worse than another") come first, as warnings
@@ -185,12 +185,10 @@ class CalibrationPanel(widgets.VBox):
             options.append((f"#{e.rank} {e.tensor}  ({worst}; best: {e.best_method})", e.tensor))
         ranked = {t for _, t in options}
         options += [(t, t) for t in report.tensors if t not in ranked]
-        keep = self.tensor.value
         self._quiet = True
         try:
             self.tensor.options = options
-            self.tensor.value = keep if keep in ranked or keep in report.tensors else \
-                (options[0][1] if options else None)
+            self.tensor.value = options[0][1] if options else None
         finally:
             self._quiet = False
         # always redraw: the same tensor selected again triggers no change, but its numbers are the new report's
@@ -208,7 +206,7 @@ class CalibrationPanel(widgets.VBox):
         report, name = self.state.calibration, self.tensor.value
         if report is None or not name:
             self.tensor_note.value = ""
-            self.histogram.clear_output()
+            self.histogram.outputs = ()
             return
         try:
             fig = calibration_histogram(report, name, log_y=self.log_y.value, show_eval=self.show_eval.value)
