@@ -156,10 +156,11 @@ def _second_pass(out: Collection, names: list[str], batches, num_bins: int, entr
         h = out.histograms[n]
         low = out.trt[n].low  # min |x|: tracked by the TensorRT histogram
         out.ort[n] = OrtHistograms(np.float32(h.min), np.float32(h.max), np.float32(low), entropy_bins, num_bins)
+
     def update(n: str, values: dict) -> None:
         v = values.get(n)
         if isinstance(v, np.ndarray) and v.dtype.kind == "f":
-            out.ort[n].update(v)
+            out.ort[n].update(v, finite=not out.histograms[n].nonfinite)  # pass one saw every value
 
     for values in batches:
         if pool is None:
@@ -177,7 +178,8 @@ def _update(out: Collection, name: str, value) -> None:
     elif value.dtype.kind != "f":
         out.skipped[name] = f"{value.dtype} (only float tensors are calibrated)"
     else:
-        out.histograms[name].update(value)
-        if out.trt:
-            finite = value if np.isfinite(value).all() else value[np.isfinite(value)]
-            out.trt[name].update(finite)
+        h = out.histograms[name]
+        before = h.nonfinite
+        h.update(value)
+        if out.trt:  # our histogram counted the non-finite values: filter only when this array held some
+            out.trt[name].update(value[np.isfinite(value)] if h.nonfinite > before else value)

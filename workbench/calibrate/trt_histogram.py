@@ -19,7 +19,7 @@ kept in bin 0. Non-finite values are left out (ModelOpt's histc rejects an infin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,7 +75,6 @@ class GrowingHistogram:
     grown: bool = False
     low: float = math.inf  # min |x| seen (ONNX Runtime's percentile grid starts there)
     batches: int = 0
-    meta: dict = field(default_factory=dict)
 
     @property
     def edges(self) -> np.ndarray:
@@ -84,10 +83,6 @@ class GrowingHistogram:
         if not self.grown:
             return linspace32(self.top, self.counts.size + 1)
         return arange32(self.width, self.num_edges)
-
-    @property
-    def bin_width(self) -> float:
-        return self.width
 
     def update(self, values: np.ndarray) -> GrowingHistogram:
         """Add one batch (finite values only; any float dtype)."""
