@@ -99,38 +99,18 @@ def _check_destination(out: Output) -> None:
         _fail(f"{shown}: the folder {_show(folder)} is not writable", "choose a folder you can write to")
 
 
-def _tensors(graph):
-    """Every tensor of ``graph`` and its subgraphs (initializers, sparse ones, tensor attributes)."""
-    import onnx
-
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield from (sparse.values, sparse.indices)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
-            elif attr.type == onnx.AttributeProto.TENSORS:
-                yield from attr.tensors
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from _tensors(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _tensors(g)
-
-
 def _external_files(model: Path, folders: set[Path]) -> list[Path]:
     """The external-data files ``model`` names inside ``folders`` (resolved); [] when it cannot be read (the
     loader reports a bad model, or a location outside its folder, in its own words)."""
     import onnx
 
+    from ..model.external_data import external_refs
+
     try:
         st = os.stat(model)
         if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_MODEL_PARSE:
             return []
-        proto = onnx.load(str(model), load_external_data=False)
-        locations = {e.value for t in _tensors(proto.graph) if t.data_location == onnx.TensorProto.EXTERNAL
-                     for e in t.external_data if e.key == "location"}
+        locations = {ref.location for ref in external_refs(onnx.load(str(model), load_external_data=False))}
     except Exception:  # noqa: BLE001 - a bad model is the loader's to report, with its own message
         return []
     files = {(_resolved(folder / loc), folder) for folder in folders for loc in locations if loc and "\x00" not in loc}
