@@ -120,10 +120,11 @@ def test_the_kernel_stays_responsive_while_comparing(monkeypatch):
     started = time.perf_counter()
     panel.run()
     assert time.perf_counter() - started < 0.5, "run() returns at once: the work is on a thread"
-    assert panel.jobs.running and not panel.run_button.disabled
+    assert panel.jobs.running and panel.run_button.disabled  # Run is off while its job runs
     assert panel.run() is None and "wait for the running job" in panel.jobs.status.value
     release.set()  # the caller (the kernel) was free to do this while the comparison waited
     assert panel.wait(120) and panel.state.result is not None
+    assert not panel.run_button.disabled
 
 
 def test_cancel_stops_a_running_comparison():
@@ -171,6 +172,38 @@ def test_unavailable_engines_say_why_and_block_run():
     assert "trt (not available here)" in labels
     panel.cand_engine.value = "ort"
     assert not panel.run_button.disabled
+
+
+def test_torch_engine_is_refused_for_an_onnx_model():
+    panel = ComparePanel(CLAMP)
+    if not panel.engines.get("torch", {}).get("available"):
+        pytest.skip("torch is not installed here")
+    panel.cand_engine.value = "torch"
+    assert panel.run_button.disabled
+    assert "torch.nn.Module models only" in panel.engine_note.value
+    panel.cand_engine.value = "ort"
+    assert not panel.run_button.disabled
+
+
+def test_run_is_disabled_while_its_job_runs():
+    import ipywidgets as widgets
+
+    from workbench.ui.jobs import JobControls
+
+    button = widgets.Button(description="Run")
+    jobs = JobControls(locks=[button])
+    release, started = threading.Event(), threading.Event()
+
+    def work(_progress, _cancel):
+        started.set()
+        release.wait(10)
+
+    thread = jobs.start("job", work)
+    assert started.wait(10)
+    assert button.disabled and jobs.running
+    release.set()
+    thread.join(10)
+    assert not button.disabled and not jobs.running
 
 
 def test_uploaded_npz_feeds_are_used(tmp_path):

@@ -71,7 +71,7 @@ class CalibrationPanel(widgets.VBox):
         self.seed = widgets.IntText(value=0, description="seed", layout=widgets.Layout(width="150px"))
         self.run_button = widgets.Button(description="Calibrate", icon="play", button_style="primary")
         self.run_button.on_click(lambda _: self.run())
-        self.jobs = JobControls()
+        self.jobs = JobControls(locks=[self.run_button])
         self.summary = widgets.HTML()
         self.rules = widgets.HTML()
         self.tensor = widgets.Select(description="tensor", rows=10, layout=widgets.Layout(width="640px"))

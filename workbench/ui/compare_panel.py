@@ -57,7 +57,7 @@ class ComparePanel(widgets.VBox):
                                                     "binary search, one extra marked tensor per build"])
         self.run_button = widgets.Button(description="Run", icon="play", button_style="primary")
         self.run_button.on_click(lambda _: self.run())
-        self.jobs = JobControls()
+        self.jobs = JobControls(locks=[self.run_button])
         self.summary = widgets.HTML()
         self.culprit_rows = widgets.VBox()
         self.tensors = widgets.HTML()
@@ -93,7 +93,7 @@ class ComparePanel(widgets.VBox):
         return self.pair.candidate
 
     def _on_engine(self, _change: Any = None) -> None:
-        problems = self.pair.problems()
+        problems = self.pair.problems(self.state.model)
         hints = []
         if self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
             hints.append("ONNX Runtime's CPU provider computes most FP16 ops in FP32: converter clamps show, FP16 "

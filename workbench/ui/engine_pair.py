@@ -48,10 +48,13 @@ class EnginePair:
         for w in (self.ref_engine, self.ref_variant, self.cand_engine, self.cand_variant):
             w.observe(handler, "value")
 
-    def problems(self) -> list[str]:
-        """Why the chosen pair cannot run here (empty: it can)."""
+    def problems(self, model=None) -> list[str]:
+        """Why the chosen pair cannot run here on ``model`` (a LoadedModel; empty: it can)."""
         chosen = dict.fromkeys([self.ref_engine.value, self.cand_engine.value])
         out = [f"{name}: {self.engines[name]['reason']}" for name in chosen if not self.engines[name]["available"]]
+        if "torch" in chosen and model is not None and getattr(model, "source", None) != "torch":
+            out.append("torch: runs torch.nn.Module models only; this model was loaded from ONNX (pick ort, ref or "
+                       "openvino, or load the nn.Module)")
         for engine, variant in ((self.ref_engine.value, self.ref_variant.value),
                                 (self.cand_engine.value, self.cand_variant.value)):
             variants = self.engines[engine].get("variants") or VARIANTS

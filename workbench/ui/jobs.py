@@ -50,9 +50,11 @@ class JobControls(widgets.VBox):
     """A progress bar, a status line and a Cancel button for one job at a time.
 
     ``start(name, work, on_done)`` runs ``work(progress, cancel)`` on a thread; ``on_done(value)`` runs on that
-    thread when it returns. A failure or a cancellation is shown in ``status`` (and passed to ``on_error``)."""
+    thread when it returns. A failure or a cancellation is shown in ``status`` (and passed to ``on_error``).
+    ``locks``: buttons (e.g. Run) disabled while a job runs and enabled again when none is left."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, locks: Any = (), **kwargs: Any) -> None:
+        self.locks = list(locks)
         self.bar = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, layout=widgets.Layout(width="260px"))
         self.label = widgets.HTML("")
         self.cancel_button = widgets.Button(description="Cancel", icon="stop", disabled=True,
@@ -97,6 +99,8 @@ class JobControls(widgets.VBox):
                 self._cancel.set()
                 return self._thread
             self._next, self._active = job, True
+            for button in self.locks:  # before start() returns: a second click cannot slip in
+                button.disabled = True
             self._thread = threading.Thread(target=self._loop, name=f"workbench-{name}", daemon=True)
         self._thread.start()
         return self._thread
@@ -108,6 +112,8 @@ class JobControls(widgets.VBox):
                 if job is None:
                     self._active = False
                     self.cancel_button.disabled = True
+                    for button in self.locks:
+                        button.disabled = False
                     return
                 self._cancel = threading.Event()
             self._run(*job)

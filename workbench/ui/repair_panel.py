@@ -83,7 +83,7 @@ class RepairPanel(widgets.VBox):
         self.run_button = widgets.Button(description="Run", icon="play", button_style="primary",
                                          tooltip="find the smallest set of nodes to keep in reference precision")
         self.run_button.on_click(lambda _: self.run())
-        self.jobs = JobControls()
+        self.jobs = JobControls(locks=[self.run_button])
         self.summary = widgets.HTML()
         self.kept_rows = widgets.VBox()
         self.outputs_table = widgets.HTML()
@@ -131,7 +131,7 @@ class RepairPanel(widgets.VBox):
         return self.pair.candidate
 
     def _on_engine(self, _change: Any = None) -> None:
-        problems = self.pair.problems()
+        problems = self.pair.problems(self.state.model)
         self._problems = problems
         hint = ""
         if self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
