@@ -158,11 +158,10 @@ def run(model: str, entropy_sample: int | None, mse_sample: int, ort_2048_sample
     for rule in ("entropy", "percentile", "mse"):
         theirs = {n: mo[n][rule] for n in big if rule in mo[n]}
         result[f"modelopt_{rule}"] = agreement(report.ranges[rule], theirs, width)
-    ort_report = report
     for label, method, extra, rule in (("ort_entropy_default", "Entropy", {}, "ort-entropy"),
                                        ("ort_percentile_default", "Percentile", {}, "ort-percentile")):
         theirs = ort_oracle(path, feeds, method, **extra)
-        bounds = ort_report.bounds[rule]
+        bounds = report.bounds[rule]
         names = [n for n in big if n in theirs]
         same = [n for n in names if tuple(np.float32(v) for v in bounds[n]) == tuple(np.float32(v) for v in theirs[n])]
         result[label] = {"tensors": len(names), "identical": len(same),

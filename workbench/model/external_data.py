@@ -28,7 +28,8 @@ class ExternalRef:
     length: int | None
 
 
-def _all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor in ``model``: initializers (sparse ones too) and tensor attributes, subgraphs included."""
     graphs = [model.graph]
     graphs += [a.g for n in iter_nodes(model.graph) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
     graphs += [g for n in iter_nodes(model.graph) for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS
@@ -49,7 +50,7 @@ def _all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 def external_refs(model: onnx.ModelProto) -> list[ExternalRef]:
     """Every tensor in ``model`` (subgraphs included) whose data lives in an external file."""
     refs = []
-    for t in _all_tensors(model):
+    for t in all_tensors(model):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in t.external_data}

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import onnx
 
+from .external_data import all_tensors
 from .walk import iter_nodes, opset_imports
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def check_skeleton(skeleton: onnx.ModelProto) -> None:
 
     from ..core.shapes import STUB_FILE, is_stub
 
-    stubs = [t for t in _tensors(skeleton) if is_stub(t)]
+    stubs = [t for t in all_tensors(skeleton) if is_stub(t)]
     if not stubs:
         onnx.checker.check_model(skeleton, full_check=True)
         return
@@ -73,23 +74,6 @@ def check_skeleton(skeleton: onnx.ModelProto) -> None:
         path = Path(tmp) / "model.onnx"
         path.write_bytes(skeleton.SerializeToString())
         onnx.checker.check_model(str(path), full_check=True)
-
-
-def _tensors(model: onnx.ModelProto):
-    for g in [model.graph] + [sub for n in iter_nodes(model.graph) for _, sub in _subgraphs(n)]:
-        yield from g.initializer
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    yield a.t
-                elif a.type == onnx.AttributeProto.TENSORS:
-                    yield from a.tensors
-
-
-def _subgraphs(node: onnx.NodeProto):
-    from .walk import subgraphs_of
-
-    return subgraphs_of(node)
 
 
 def structure_problems(graph: onnx.GraphProto) -> list[Problem]:
