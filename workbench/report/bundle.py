@@ -504,7 +504,8 @@ class Bundle:
 def _check_manifest(manifest: dict, name: str) -> dict:
     """The sections a bundle of its kind needs, and its seal (a bundle written before seals has none)."""
     kind = manifest.get("kind", "compare")
-    for key in ("model", "calibrate" if kind == "calibrate" else "compare", "feeds"):
+    sections = {"calibrate": ("model", "calibrate", "feeds"), "dataset": ("model", "dataset_compare", "dataset")}
+    for key in sections.get(kind, ("model", "compare", "feeds")):
         if not isinstance(manifest.get(key), dict):
             raise BundleError(f"{name}: manifest.json has no '{key}' section")
     if not isinstance(manifest.get("files", {}), dict):

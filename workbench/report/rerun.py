@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "workbench.rerun/1"
 #: bundle kind -> "module:function" that reruns it (report/ names producers above it, never imports them)
-RERUNNERS = {"calibrate": "workbench.calibrate.bundle:rerun_calibration"}
+RERUNNERS = {"calibrate": "workbench.calibrate.bundle:rerun_calibration",
+             "dataset": "workbench.dataset.bundle:rerun_dataset"}
 
 
 def _rerunner(kind: str):
@@ -86,20 +87,28 @@ class RerunReport:
 
 def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike | None = None,
                  cand_model: str | os.PathLike | None = None, isolate: bool | None = None,
-                 timeout_s: float | None = None, progress: Any = None) -> RerunReport:  # or CalibrationRerun
-    """Re-execute the comparison a bundle recorded and compare with its saved results.
+                 timeout_s: float | None = None, progress: Any = None, **dataset_args: Any) -> RerunReport:
+    """Re-execute the comparison a bundle recorded and compare with its saved results (a calibration or dataset
+    bundle gives its own rerun report).
 
     The model (and candidate model) must hash to the recorded sha256, else :class:`ModelMismatchError`.
-    ``model``: the file to use for a bundle that keeps only a reference to its model."""
+    ``model``: the file to use for a bundle that keeps only a reference to its model. ``dataset_args`` (dataset
+    bundles): ``inputs``, ``preprocess``, ``metrics``, ``workers``, ``executor``."""
     from ..compare.api import compare
     from ..compare.criterion import Criterion
     from ..compare.options import CompareOptions
 
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
     kind = b.manifest.get("kind", "compare")
-    if kind != "compare":  # another producer's bundle (calibration): its own rerunner, by name
-        return _rerunner(kind)(b, model=model)
     try:
+        if kind != "compare":  # another producer's bundle (calibration, dataset): its own rerunner, by name
+            given = {k: v for k, v in dataset_args.items() if v is not None}
+            if kind == "dataset":
+                return _rerunner(kind)(b, model=model, progress=progress, **given)
+            if given:
+                raise BundleError(f"{', '.join(sorted(given))} only apply to dataset bundles, and this is a "
+                                  f"{kind} bundle", "drop those options")
+            return _rerunner(kind)(b, model=model)
         m = b.manifest
         opts = m["compare"]
         if not opts.get("rerunnable", True):

@@ -1,0 +1,281 @@
+"""Drift over a dataset (issue 14): streamed samples, task metrics checked against independent decodes, per-sample
+results identical on every executor (serial, local processes, Ray), worker deaths retried, bundles rerun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from workbench.dataset import compare_dataset, open_dataset, parse_metric
+from workbench.dataset.evaluate import FAULT_ENV
+from workbench.dataset.executors import ExecutorSpec
+from workbench.errors import InputError
+
+REPO = Path(__file__).resolve().parents[1]
+PREP = f"{REPO / 'scripts' / 'ocr_dataset.py'}:rec_image"
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+# --- tiny model and data --------------------------------------------------------------------------------------
+def _softmax_model(path: Path) -> Path:
+    """x (1, 4, 8) -> MatMul W (8, 6) -> Softmax: a 'classifier' over 6 classes at 4 positions."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("W", TensorProto.FLOAT, [8, 6], rng.normal(size=(8, 6)).astype(np.float32).ravel())
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+                           helper.make_node("Softmax", ["h"], ["y"], name="sm", axis=-1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _npz_folder(folder: Path, n: int, seed: int = 0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        np.savez(folder / f"s{i:03d}.npz", x=rng.normal(size=(1, 4, 8)).astype(np.float32) * (1 + i))
+    return folder
+
+
+# --- metrics against independent arithmetic ------------------------------------------------------------------
+def test_builtin_metrics_match_independent_arithmetic():
+    from ocr_truth import ctc_indices
+
+    rng = np.random.default_rng(1)
+    ref = rng.normal(size=(2, 40, 30)).astype(np.float32)
+    cand = ref + rng.normal(scale=0.8, size=ref.shape).astype(np.float32)
+    # CTC: the test suite's own greedy decoder (tests/ocr_truth.py) is the truth
+    seqs_r, seqs_c = ctc_indices(ref), ctc_indices(cand)
+    got = parse_metric("ctc")({"o": ref}, {"o": cand})
+    assert got["ctc"] == np.mean([a == b for a, b in zip(seqs_r, seqs_c)])
+    assert parse_metric("ctc")({"o": ref}, {"o": ref}) == {"ctc": 1.0, "ctc_cer": 0.0}
+    # top1 / topk by brute force
+    flat_r, flat_c = ref.reshape(-1, 30), cand.reshape(-1, 30)
+    assert parse_metric("top1")({"o": ref}, {"o": cand})["top1"] == pytest.approx(
+        np.mean([int(np.argmax(a) == np.argmax(b)) for a, b in zip(flat_r, flat_c)]))
+    want = np.mean([len(set(np.argsort(-a)[:3]) & set(np.argsort(-b)[:3])) / 3 for a, b in zip(flat_r, flat_c)])
+    assert parse_metric("topk:3")({"o": ref}, {"o": cand})["top3"] == pytest.approx(want)
+    # mask IoU by set arithmetic
+    a, b = ref > 0.5, cand > 0.5
+    pa, pb = set(zip(*np.nonzero(a))), set(zip(*np.nonzero(b)))
+    assert parse_metric("mask_iou:0.5")({"o": ref}, {"o": cand})["mask_iou"] == pytest.approx(
+        len(pa & pb) / len(pa | pb))
+    assert parse_metric("mask_iou")({"o": np.zeros(4)}, {"o": np.zeros(4)})["mask_iou"] == 1.0
+
+
+@pytest.mark.parametrize("spec, fragment", [("bogus", "unknown metric"), ("topk:x", "parameter"),
+                                            ("topk:0", "K must be"), ("nosuchmodule_zz:fn", "cannot import"),
+                                            ("top1:3", "no parameter")])
+def test_bad_metric_specs_say_what_to_write(spec, fragment):
+    with pytest.raises(InputError, match=fragment):
+        parse_metric(spec)
+
+
+def test_custom_metric_from_a_file(tmp_path):
+    f = tmp_path / "mymetric.py"
+    f.write_text("import numpy as np\nlower_is_better = None\n"
+                 "def gap(ref, cand):\n    return {'gap': float(np.abs(next(iter(ref.values())) - "
+                 "next(iter(cand.values()))).max())}\ngap.lower_is_better = {'gap'}\n")
+    m = parse_metric(f"{f}:gap")
+    assert m({"y": np.ones(3)}, {"y": np.array([1.0, 1.5, 1.0])}) == {"gap": 0.5}
+    assert m.lower_is_better == {"gap"} and not m.builtin
+
+
+# --- sources ----------------------------------------------------------------------------------------------------
+def test_sources_stream_and_hash(tmp_path):
+    folder = _npz_folder(tmp_path / "d", 3)
+    ds = open_dataset(folder, input_names=["x"])
+    samples = list(ds)
+    assert [s.source for s in samples] == ["s000.npz", "s001.npz", "s002.npz"] and len(ds) == 3
+    import hashlib
+
+    assert samples[1].sha256 == hashlib.sha256((folder / "s001.npz").read_bytes()).hexdigest()
+    # a generator is read once; a second pass says so
+    gen = open_dataset(({"x": np.full((1, 4, 8), i, np.float32)} for i in range(2)), input_names=["x"])
+    assert len(list(gen)) == 2
+    with pytest.raises(InputError, match="already read"):
+        list(gen)
+    # bare arrays and DataLoader-style (x, label) tuples are named after the model's inputs
+    arr = open_dataset([np.zeros((1, 4, 8), np.float32)], input_names=["x"])
+    assert list(next(iter(arr)).feed) == ["x"]
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(3, 4, 8), torch.arange(3)), batch_size=1)
+    fed = list(open_dataset(loader, input_names=["x"]))
+    assert len(fed) == 3 and fed[0].feed["x"].shape == (1, 4, 8)
+
+
+def test_image_folder_without_preprocess_is_refused(tmp_path):
+    from ocr_dataset import render
+
+    render(tmp_path / "img", 2)
+    with pytest.raises(InputError, match="--preprocess"):
+        open_dataset(tmp_path / "img", input_names=["x"])
+
+
+@pytest.mark.parametrize("executor, workers, fragment", [("serial", 2, "one worker"), ("spark", 1, "unknown executor"),
+                                                         ("ray://", 1, "Ray address"), (None, 0, ">= 1")])
+def test_executor_spec_errors(executor, workers, fragment):
+    with pytest.raises(InputError, match=fragment):
+        ExecutorSpec.parse(executor, workers)
+
+
+# --- the tiny model end to end ---------------------------------------------------------------------------------
+def test_tiny_dataset_per_sample_results(tmp_path):
+    model = _softmax_model(tmp_path / "m.onnx")
+    data = _npz_folder(tmp_path / "d", 6)
+    r = compare_dataset(model, "ort", "ref:fp16", data, metrics=["top1", "topk:2"])
+    doc = r.to_json()
+    assert [s["index"] for s in doc["samples"]] == list(range(6))
+    assert {"samples", "worst", "task", "layers"} <= set(doc) and doc["kind"] == "dataset"
+    # independent truth: argmax agreement recomputed from numpy runs of both sides
+    from workbench.engines import get_engine
+
+    m = onnx.load(model)
+    from workbench.variants import make_variant
+
+    fp16 = make_variant(m, "fp16").model
+    ref_s = get_engine("ort").prepare(m, ["y"])
+    cand_s = get_engine("ref", precision="native").prepare(fp16, ["y"])
+    for s in doc["samples"]:
+        x = np.load(data / s["source"])["x"]
+        a, b = ref_s.run({"x": x})["y"], cand_s.run({"x": x})["y"]
+        assert s["task"]["top1"] == pytest.approx(np.mean(a.argmax(-1) == b.argmax(-1)))
+    assert len(doc["worst"]) == 5 and doc["task"]["top1"]["worst"] == min(s["task"]["top1"] for s in doc["samples"])
+    assert [row["tensor"] for row in doc["layers"]] == ["h", "y"]
+
+
+def test_missing_dataset_and_empty_folder(tmp_path):
+    model = _softmax_model(tmp_path / "m.onnx")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no .npz samples"):
+        compare_dataset(model, "ort", "ref:fp16", tmp_path / "empty")
+    with pytest.raises(InputError, match="no dataset"):
+        compare_dataset(model, "ort", "ref:fp16", None)
+
+
+def test_a_dying_worker_is_reported_and_its_chunk_retried(tmp_path, monkeypatch):
+    model = _softmax_model(tmp_path / "m.onnx")
+    data = _npz_folder(tmp_path / "d", 10)
+    serial = compare_dataset(model, "ort", "ref:fp16", data, metrics=["top1"]).to_json()
+    monkeypatch.setenv(FAULT_ENV, str(tmp_path / "died-once"))
+    r = compare_dataset(model, "ort", "ref:fp16", data, metrics=["top1"], workers=2)
+    assert (tmp_path / "died-once").exists()
+    assert any("worker died" in n and "retried once" in n for n in r.notes)
+    assert r.to_json()["samples"] == serial["samples"]
+
+
+def test_cli_dataset_bundle_reruns_and_sees_changed_data(tmp_path):
+    model = _softmax_model(tmp_path / "m.onnx")
+    data = _npz_folder(tmp_path / "d", 5)
+    out, bundle = tmp_path / "o.json", tmp_path / "b"
+    wb = [sys.executable, "-m", "workbench"]
+    p = subprocess.run([*wb, "compare", str(model), "--cand", "ref:fp16", "--inputs", str(data), "--metric", "top1",
+                        "--json", str(out), "--bundle", str(bundle)], capture_output=True, text=True)
+    assert p.returncode in (0, 1), p.stderr
+    doc = json.loads(out.read_text())
+    assert len(doc["samples"]) == 5 and "top1" in doc["task"]
+    p = subprocess.run([*wb, "rerun", str(bundle), "--json", str(tmp_path / "r.json")], capture_output=True, text=True)
+    rr = json.loads((tmp_path / "r.json").read_text())
+    assert rr["reproduced"] and rr["kind"] == "dataset", p.stdout + p.stderr
+    np.savez(data / "s002.npz", x=np.ones((1, 4, 8), np.float32))  # the data changed since
+    p = subprocess.run([*wb, "rerun", str(bundle)], capture_output=True, text=True)
+    assert "NOT REPRODUCED" in p.stdout and "#2 s002.npz (content differs)" in p.stdout and p.returncode == 1
+    # the bad-input paths: one line, exit 2
+    p = subprocess.run([*wb, "compare", str(model), "--metric", "top1"], capture_output=True, text=True)
+    assert p.returncode == 2 and "need a dataset" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([*wb, "compare", str(model), "--inputs", str(data), "--metric", "nope"], capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and "unknown metric" in p.stderr
+
+
+def test_without_ray_one_line_says_how_to_install(tmp_path):
+    model = _softmax_model(tmp_path / "m.onnx")
+    data = _npz_folder(tmp_path / "d", 2)
+    code = ("import sys; sys.modules['ray'] = None\nfrom workbench.cli import main\n"
+            f"sys.exit(main(['compare', {str(model)!r}, '--cand', 'ref:fp16', '--inputs', {str(data)!r}, "
+            "'--executor', 'ray']))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 2 and "Ray is not installed" in p.stderr and "[ray]" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+# --- the real recognizer ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rec_images(tmp_path_factory):
+    from ocr_dataset import render
+
+    folder = tmp_path_factory.mktemp("rec64")
+    render(folder, 64)
+    return folder
+
+
+@pytest.mark.slow
+def test_rec_int8_identical_on_serial_processes_and_ray(fetch_model, rec_images):
+    import ray
+
+    model = fetch_model("ppocr-rec")
+    kw = {"preprocess": PREP, "metrics": ["ctc"], "layers": False}
+    serial = compare_dataset(model, "ort", "ort:int8", rec_images, **kw).to_json()
+    procs = compare_dataset(model, "ort", "ort:int8", rec_images, workers=2, **kw).to_json()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = compare_dataset(model, "ort", "ort:int8", rec_images, executor="ray", workers=2, **kw).to_json()
+    finally:
+        ray.shutdown()
+    assert len(serial["samples"]) == 64 and procs["executor"]["kind"] == "processes"
+    assert on_ray["executor"]["kind"] == "ray"
+    for other in (procs, on_ray):
+        assert other["samples"] == serial["samples"] and other["worst"] == serial["worst"]
+        assert other["task"] == serial["task"]
+    # INT8 (ORT quantize_static, calibrated on 16 of the images) changes the decoded text of real crops
+    assert serial["task"]["ctc"]["mean"] < 0.5 and serial["diverged"]
+
+
+@pytest.mark.slow
+def test_rec_fp16_task_metric_is_the_independent_decode(fetch_model, rec_images, tmp_path):
+    """FP32 vs an FP16 file made by onnxconverter-common (outside the workbench): every sample's CTC agreement is the
+    one tests/ocr_truth.py's decoder gives on plain onnxruntime runs of both files."""
+    from ocr_dataset import rec_image
+    from ocr_truth import ctc_indices, make_fp16, run_model
+
+    model = fetch_model("ppocr-rec")
+    fp16 = make_fp16(model, "occ", tmp_path / "rec16.onnx")
+    r = compare_dataset(model, "ort", "ort", rec_images, preprocess=PREP, metrics=["ctc"], cand_model=fp16)
+    doc = r.to_json()
+    paths = sorted(rec_images.glob("*.png"))
+    feeds = [{"x": rec_image(str(p))} for p in paths]
+    ref = run_model(model, feeds)
+    cand = run_model(fp16, feeds)
+    want = [float(ctc_indices(a[0]) == ctc_indices(b[0])) for a, b in zip(ref, cand)]
+    assert [s["task"]["ctc"] for s in doc["samples"]] == want
+    assert [s["source"] for s in doc["samples"]] == [p.name for p in paths]
+    # per-layer statistics across the 64 samples, and each worst sample names where it first diverged
+    assert len(doc["layers"]) > 100 and all(row["worst"] is not None for row in doc["layers"])
+    names = {row["tensor"] for row in doc["layers"]}
+    assert all(s["first_divergent"] is None or s["first_divergent"]["tensor"] in names for s in doc["worst"])
+    sqnr = [row["mean"] for row in doc["layers"] if isinstance(row["mean"], float)]
+    assert min(sqnr) < 60  # FP16 storage and arithmetic leave a measurable, finite error inside the network
+
+
+@pytest.mark.slow
+def test_rec_layer_statistics_identical_with_workers(fetch_model, rec_images, tmp_path):
+    import shutil
+
+    model = fetch_model("ppocr-rec")
+    few = tmp_path / "few"
+    few.mkdir()
+    for p in sorted(rec_images.glob("*.png"))[:12]:
+        shutil.copy(p, few / p.name)
+    serial = compare_dataset(model, "ort", "ort:fp16", few, preprocess=PREP, metrics=["ctc"]).to_json()
+    procs = compare_dataset(model, "ort", "ort:fp16", few, preprocess=PREP, metrics=["ctc"], workers=2).to_json()
+    assert procs["layers"] == serial["layers"] and procs["samples"] == serial["samples"]

@@ -1,0 +1,241 @@
+"""Dataset bundles: the model, the dataset recorded by content hashes (the data itself only when asked), the
+options and the per-sample results; a rerun reads the data again, checks every hash and says which samples changed.
+
+A bundle never runs code by itself: a custom preprocessing function or metric (``module:function``) is recorded
+by name and must be passed again to rerun (built-in metrics rerun on their own).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..report.bundle import RESULTS, Bundle, BundleWriter
+from ..report.env import diff_versions, package_versions
+from ..report.safety import BundleError, confined, load_npz, read_json
+from .metrics import BUILTIN
+from .result import DatasetResult
+
+KIND = "dataset"
+#: task metric values (and output metrics) that differ by more than this count as changed
+RTOL = 1e-9
+
+
+def save_dataset_bundle(result: DatasetResult, dest: str | os.PathLike, *, include_data: bool = False,
+                        zip: bool = False, overwrite: bool = False) -> Path:
+    """Save ``result`` as a bundle ``workbench rerun`` reproduces. ``include_data``: also store every sample's
+    feed (the preprocessed arrays, .npz), so the rerun needs neither the original files nor the preprocessing."""
+    ro = result.run_options
+    if not ro:
+        raise BundleError("this dataset result keeps no run options (read back from JSON?)",
+                          "save the bundle right after compare_dataset(), in the same session")
+    writer = BundleWriter(dest, kind=KIND, zip=zip, overwrite=overwrite)
+    try:
+        m = writer.manifest
+        m["model"] = writer.add_model("model", ro["model"], copy=True, expected_sha=result.model.get("sha256"))
+        if ro.get("cand_model") is not None:
+            m["cand_model"] = writer.add_model("cand_model", ro["cand_model"], copy=True, expected_sha=None)
+        opts = ro["options"]
+        m["dataset_compare"] = {
+            "reference": result.reference, "candidate": result.candidate, "criterion": result.criterion.to_json(),
+            "options": {k: v for k, v in opts.to_json().items() if k not in ("criterion",)},
+            "metrics": list(ro["metrics"]), "layers": bool(ro["layers"]), "worst": int(ro["worst"]),
+            "calibration_count": int(ro["calibration_count"]), "executor": result.executor,
+        }
+        d = result.dataset
+        m["dataset"] = {"kind": d.get("kind"), "folder": d.get("folder"), "preprocess": d.get("preprocess"),
+                        "count": len(result.samples), "included": include_data,
+                        "samples": [{"index": s["index"], "source": s["source"], "sha256": s["sha256"]}
+                                    for s in result.samples]}
+        if include_data:
+            from ..inputs import check_feeds
+
+            files, proto = [], result_model(ro)
+            for sample in ro["dataset"]:
+                feed = check_feeds(proto, [sample.feed])[0]
+                files.append(writer.add_arrays(f"inputs/sample_{sample.index:06d}.npz", feed))
+            m["dataset"]["files"] = files
+        if opts.calibration_feeds is not None and not isinstance(opts.calibration_feeds, (str, os.PathLike)):
+            from ..inputs import feeds_from
+
+            m["calibration"] = {"files": writer.add_feeds("calibration", feeds_from(opts.calibration_feeds))} \
+                if ro.get("explicit_calibration") else None
+        m["results"] = writer.add_json(RESULTS, result.to_json())
+        return writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def result_model(ro: dict):
+    from ..model.load import LoadedModel, load_model
+
+    model = ro["model"]
+    return model.proto if isinstance(model, LoadedModel) else load_model(model).proto
+
+
+@dataclass
+class DatasetRerun:
+    """A dataset comparison run again from its bundle, and every sample whose answer changed."""
+
+    bundle: str
+    saved: dict
+    result: DatasetResult
+    changed: list[dict]
+    data_changed: list[dict]
+    versions_changed: dict[str, list]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reproduced(self) -> bool:
+        return not self.changed and not self.data_changed
+
+    @property
+    def exit_code(self) -> int:
+        """0: reproduced and no sample diverges; 1 otherwise."""
+        return 0 if self.reproduced and not self.result.diverged else 1
+
+    def to_json(self) -> dict:
+        return {"schema": "workbench.rerun/1", "kind": KIND, "bundle": self.bundle, "reproduced": self.reproduced,
+                "exit_code": self.exit_code, "diverged": self.result.diverged, "changed_samples": self.changed,
+                "data_changed": self.data_changed, "versions_changed": self.versions_changed,
+                "notes": self.notes, "result": self.result.to_json()}
+
+    def render(self, top: int = 10) -> str:
+        n = len(self.result.samples)
+        lines = [f"rerun of {self.bundle} (dataset, {n} samples): "
+                 + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
+                 + f" -- {n - len(self.changed)} of {n} samples identical"]
+        if self.data_changed:
+            lines.append(f"  the data differ from the bundle's on {len(self.data_changed)} sample(s): "
+                         + ", ".join(f"#{c['index']} {c['source']} ({c['why']})" for c in self.data_changed[:5]))
+        for c in self.changed[:top]:
+            lines.append(f"  #{c['index']} {c['source']}: " + "; ".join(c["what"]))
+        lines += [f"  note: {n}" for n in self.notes]
+        for pkg, (old, new) in self.versions_changed.items():
+            lines.append(f"  version changed: {pkg} {old} -> {new}")
+        return "\n".join(lines)
+
+
+def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None, inputs: Any = None,
+                  preprocess: str | None = None, metrics: list[str] | None = None, workers: int = 1,
+                  executor: str | None = None, progress: Any = None) -> DatasetRerun:
+    """Run the bundle's dataset comparison again (sha256-checked model; the data from the bundle, the recorded
+    folder or ``inputs``, every sample's hash checked) and list the samples whose results changed."""
+    from ..compare.criterion import Criterion
+    from ..compare.options import CompareOptions
+    from ..report.engine_options import bundle_engine_options
+    from .api import compare_dataset
+
+    m = b.manifest
+    opts, data = m.get("dataset_compare"), m.get("dataset")
+    if not isinstance(opts, dict) or not isinstance(data, dict):
+        raise BundleError(f"{b.source.name}: manifest has no dataset comparison")
+    saved = read_json(confined(b.root, m.get("results", RESULTS), "results"), f"{b.source.name}: results.json",
+                      schema="workbench.compare/1")
+    notes: list[str] = []
+    loaded = b.load_model("model", model)
+    cand = b.load_model("cand_model", None) if m.get("cand_model") else None
+    try:
+        typed = dict(opts.get("options") or {})
+        engine_options, dropped = bundle_engine_options(typed.get("engine_options"))
+        notes += dropped
+        typed["engine_options"] = engine_options
+        options = CompareOptions.from_json(typed).replace(criterion=Criterion.from_json(opts["criterion"]))
+        recorded_metrics = [str(x) for x in opts.get("metrics") or []]
+        reference, candidate = str(opts["reference"]), str(opts["candidate"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{b.source.name}: manifest 'dataset_compare' is malformed ({type(e).__name__}: {e})") \
+            from None
+    custom = [x for x in recorded_metrics if x.partition(":")[0] not in BUILTIN]
+    if metrics is None:
+        if custom:
+            raise BundleError(f"the bundle's metric(s) {', '.join(custom)} are user code, which a bundle never runs "
+                              "by itself", "pass them again: workbench rerun BUNDLE --metric " + " ".join(
+                                  recorded_metrics))
+        metrics = recorded_metrics
+    source, prep = _data_source(b, data, inputs, preprocess)
+    calib = None
+    if isinstance(m.get("calibration"), dict):
+        calib = [load_npz(confined(b.root, f, "manifest 'calibration'"), f"{b.source.name}: {f}")
+                 for f in m["calibration"].get("files") or []]
+    result = compare_dataset(loaded, reference, candidate, source, preprocess=prep, metrics=metrics,
+                             workers=workers, executor=executor, cand_model=cand, calibration=calib,
+                             calibration_count=int(opts.get("calibration_count", 16)), worst=int(opts.get("worst", 5)),
+                             layers=bool(opts.get("layers", True)), progress=progress, options=options)
+    recorded = {s["index"]: s for s in data.get("samples") or []}
+    data_changed = []
+    if not data.get("included"):
+        for s in result.samples:
+            r = recorded.get(s["index"])
+            if r is None:
+                data_changed.append({"index": s["index"], "source": s["source"], "why": "not in the bundle"})
+            elif r.get("sha256") != s["sha256"]:
+                data_changed.append({"index": s["index"], "source": s["source"], "why": "content differs"})
+        for i in sorted(set(recorded) - {s["index"] for s in result.samples}):
+            data_changed.append({"index": i, "source": recorded[i].get("source"), "why": "missing now"})
+    changed = _changed_samples(saved.get("samples") or [], result.to_json()["samples"])
+    versions = diff_versions(m.get("versions") or {}, package_versions())
+    return DatasetRerun(b.source.name, saved, result, changed, data_changed, versions, notes)
+
+
+def _data_source(b: Bundle, data: dict, inputs: Any, preprocess: str | None):
+    if inputs is None and data.get("included"):
+        files = data.get("files") or []
+        return [load_npz(confined(b.root, f, "manifest 'dataset.files'"), f"{b.source.name}: {f}") for f in files], \
+            None
+    recorded_prep = data.get("preprocess")
+    if inputs is None:
+        folder = data.get("folder")
+        if data.get("kind") not in ("npz", "images", "files") or not isinstance(folder, str):
+            raise BundleError("the bundle's dataset came from Python objects and its data was not included",
+                              "pass the data again: rerun_bundle(BUNDLE, inputs=...) or save with include_data")
+        inputs = folder
+        if not Path(folder).is_dir():
+            raise BundleError(f"the dataset folder {folder} recorded in the bundle is not here",
+                              "pass the data: workbench rerun BUNDLE --inputs DIR")
+    if recorded_prep and preprocess is None:
+        raise BundleError(f"the bundle's samples were preprocessed by {recorded_prep!r}, user code that a bundle "
+                          "never runs by itself", f"pass it again: --preprocess {recorded_prep}")
+    return inputs, preprocess
+
+
+def _changed_samples(saved: list[dict], now: list[dict]) -> list[dict]:
+    by_index = {s["index"]: s for s in saved}
+    out = []
+    for s in now:
+        old = by_index.get(s["index"])
+        if old is None:
+            continue
+        what = []
+        if old.get("diverged") != s.get("diverged"):
+            what.append(f"verdict {'diverged' if old.get('diverged') else 'ok'} -> "
+                        f"{'diverged' if s.get('diverged') else 'ok'}")
+        for k, v in (s.get("task") or {}).items():
+            before = (old.get("task") or {}).get(k)
+            if not _same(before, v):
+                what.append(f"{k} {before} -> {v}")
+        for o, metrics in (s.get("outputs") or {}).items():
+            for k, v in metrics.items():
+                before = ((old.get("outputs") or {}).get(o) or {}).get(k)
+                if not _same(before, v):
+                    what.append(f"{o} {k} {before} -> {v}")
+                    break
+        if (old.get("first_divergent") or {}).get("tensor") != (s.get("first_divergent") or {}).get("tensor"):
+            what.append("first divergence moved")
+        if what:
+            out.append({"index": s["index"], "source": s.get("source"), "what": what})
+    return out
+
+
+def _same(a, b) -> bool:
+    if a == b:
+        return True
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if math.isnan(a) and math.isnan(b):
+            return True
+        return abs(a - b) <= RTOL * max(abs(a), abs(b), 1e-30)
+    return False

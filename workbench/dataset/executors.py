@@ -1,0 +1,274 @@
+"""Where samples run: in this process (serial), in N local worker processes, or on Ray (local or a cluster).
+
+:func:`run_samples` takes the samples as a stream of chunks, keeps at most two chunks per worker in flight (so
+memory does not grow with the dataset), and yields :class:`~workbench.dataset.evaluate.SampleRecord` in sample
+order whatever order the workers finish in: every executor gives the same output as serial. A worker that dies is
+reported in ``notes`` and its chunk retried once; a second death of the same chunk stops the run with a clear
+:class:`~workbench.errors.EngineCrashedError`. Cancel (``steps.cancel``) stops the workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from ..core.progress import Steps
+from ..errors import EngineCrashedError, InputError
+from .evaluate import Job, SampleRecord, evaluate_chunk
+
+log = logging.getLogger(__name__)
+
+Chunk = list[tuple[int, dict]]
+RAY_HINT = "install it: pip install 'onnx-drift-workbench[ray]' (or pip install ray)"
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """``kind``: serial | processes | ray; ``address``: a Ray cluster (``ray://HOST:PORT``) or None (local)."""
+
+    kind: str = "serial"
+    workers: int = 1
+    address: str | None = None
+
+    @classmethod
+    def parse(cls, executor: str | None, workers: int | None) -> ExecutorSpec:
+        n = 1 if workers is None else workers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InputError(f"workers must be a whole number >= 1, not {workers!r}", "write e.g. --workers 2")
+        text = (executor or "").strip()
+        if text in ("", "serial", "processes", "local"):
+            if text == "serial" and n > 1:
+                raise InputError("--executor serial runs one worker", "drop --workers, or use --executor processes")
+            return cls("processes" if n > 1 or text in ("processes", "local") else "serial", n)
+        if text == "ray":
+            return cls("ray", n)
+        if text.startswith("ray://"):
+            if len(text) <= len("ray://") or any(ch.isspace() for ch in text):
+                raise InputError(f"cannot read Ray address {text!r}", "write --executor ray://HOST:PORT")
+            return cls("ray", n, text)
+        raise InputError(f"unknown executor {text!r}", "use serial, processes, ray or ray://HOST:PORT")
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "workers": self.workers, "address": self.address}
+
+
+@dataclass
+class _Pending:
+    chunk: Chunk
+    handle: object
+    attempts: int = 1
+    done: list[SampleRecord] | None = field(default=None)
+
+
+def run_samples(job: Job, chunks: Iterable[Chunk], spec: ExecutorSpec, steps: Steps, *,
+                local: Callable[[Chunk], list[SampleRecord]] | None = None,
+                notes: list[str] | None = None) -> Iterator[SampleRecord]:
+    """Records of every sample in ``chunks``, in order. ``local``: the serial evaluator (this process's
+    sessions)."""
+    notes = notes if notes is not None else []
+    if spec.kind == "serial":
+        for chunk in chunks:
+            steps.check()
+            yield from (local or (lambda c: evaluate_chunk(job, c)))(chunk)
+        return
+    backend = _Processes(spec.workers) if spec.kind == "processes" else _Ray(spec)
+    try:
+        yield from _ordered(backend, job, iter(chunks), spec.workers, steps, notes)
+    finally:
+        backend.close()
+
+
+def _ordered(backend, job: Job, chunks: Iterator[Chunk], workers: int, steps: Steps,
+             notes: list[str]) -> Iterator[SampleRecord]:
+    queue: collections.deque[_Pending] = collections.deque()
+    job_handle = backend.share(job)
+    exhausted = False
+    while True:
+        while not exhausted and len(queue) < 2 * workers:
+            chunk = next(chunks, None)
+            if chunk is None:
+                exhausted = True
+                break
+            queue.append(_Pending(chunk, backend.submit(job_handle, chunk)))
+        if not queue:
+            return
+        head = queue[0]
+        while True:
+            steps.check()
+            try:
+                result = backend.result(head.handle, timeout=0.2)
+            except TimeoutError:
+                continue
+            except _WorkerDied as died:
+                _retry(backend, job_handle, queue, died, notes)
+                continue
+            break
+        queue.popleft()
+        yield from result
+
+
+def _retry(backend, job_handle, queue: collections.deque[_Pending], died: _WorkerDied, notes: list[str]) -> None:
+    """A worker died: every chunk it may have held runs again, once."""
+    head = queue[0]
+    first, last = head.chunk[0][0], head.chunk[-1][0]
+    if head.attempts >= 2:
+        raise EngineCrashedError(f"a worker died twice evaluating samples {first}-{last} ({died})",
+                                 "run those samples serially (no --workers/--executor) to see the error",
+                                 engine="dataset worker")
+    notes.append(f"a worker died evaluating samples {first}-{last} ({died}); retried once")
+    log.warning(notes[-1])
+    backend.restart()
+    for p in queue:
+        if backend.lost(p.handle):
+            p.handle = backend.submit(job_handle, p.chunk)
+            p.attempts += 1
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _Processes:
+    """A pool of spawned local processes (fork is unsafe once engine threads run)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.pool = self._pool()
+
+    def _pool(self):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def share(self, job: Job):
+        return job
+
+    def submit(self, job, chunk: Chunk):
+        with _bare_main():
+            return self.pool.submit(evaluate_chunk, job, chunk)
+
+    def result(self, future, timeout: float):
+        from concurrent.futures import TimeoutError as FutureTimeout
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            raise TimeoutError from None
+        except BrokenProcessPool as e:
+            raise _WorkerDied(str(e) or "the process pool broke") from None
+
+    def lost(self, future) -> bool:
+        """After :meth:`restart`: a chunk whose future did not finish cleanly runs again in the new pool."""
+        return future.cancelled() or not future.done() or future.exception() is not None
+
+    def restart(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool = self._pool()
+
+    def close(self) -> None:
+        for proc in list(getattr(self.pool, "_processes", {}).values()):
+            if proc.is_alive():
+                proc.terminate()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _bare_main():
+    """Workers get models and arrays, never the caller's code: spawn them without re-running the caller's main
+    script (a script without an ``if __name__ == "__main__"`` guard would otherwise start the run again in every
+    worker)."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+class _Ray:
+    """Ray tasks (one CPU each) on a local Ray it starts and stops, or on a running cluster (``ray://``)."""
+
+    def __init__(self, spec: ExecutorSpec):
+        try:
+            import ray
+        except ImportError:
+            raise InputError("Ray is not installed", RAY_HINT) from None
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+            try:
+                if spec.address:
+                    ray.init(address=spec.address, **kwargs)
+                else:
+                    ray.init(num_cpus=spec.workers, **kwargs)
+            except Exception as e:  # noqa: BLE001 - Ray raises many types; one line says what failed
+                raise InputError(f"cannot start Ray{' at ' + spec.address if spec.address else ''}: "
+                                 f"{type(e).__name__}: {e}", "check the address and that the cluster runs the same "
+                                 "Ray and Python versions") from None
+            self.started = True
+        self.remote = ray.remote(num_cpus=1, max_retries=0)(evaluate_chunk)
+
+    def share(self, job: Job):
+        from dataclasses import replace
+
+        from .evaluate import ModelRef
+
+        def shipped(ref: ModelRef) -> ModelRef:
+            if ref.path is None:
+                return ref
+            with open(ref.path, "rb") as fh:
+                return ModelRef(blob=self.ray.put(fh.read()))
+
+        return self.ray.put(replace(job, ref_model=shipped(job.ref_model), cand_model=shipped(job.cand_model)))
+
+    def submit(self, job_ref, chunk: Chunk):
+        return self.remote.remote(job_ref, chunk)
+
+    def result(self, ref, timeout: float):
+        ray = self.ray
+        ready, _ = ray.wait([ref], timeout=timeout)
+        if not ready:
+            raise TimeoutError
+        try:
+            return ray.get(ref)
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                ray.exceptions.LocalRayletDiedError) as e:
+            raise _WorkerDied(type(e).__name__) from None
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            raise (cause.cause if getattr(cause, "cause", None) is not None else cause) from None
+
+    def lost(self, ref) -> bool:
+        ready, _ = self.ray.wait([ref], timeout=0)
+        if not ready:
+            return False
+        try:
+            self.ray.get(ref)
+        except (self.ray.exceptions.WorkerCrashedError, self.ray.exceptions.NodeDiedError,
+                self.ray.exceptions.LocalRayletDiedError):
+            return True
+        except Exception:  # noqa: BLE001 - any other failure is reported when its turn comes
+            return False
+        return False
+
+    def restart(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+
+
+def worker_threads(workers: int) -> int:
+    """Engine threads per worker so that the workers together use the machine's cores once."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers))

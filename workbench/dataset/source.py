@@ -1,0 +1,238 @@
+"""Datasets streamed sample by sample: a folder of .npz, a folder of images with a preprocessing function, or any
+Python iterable (a list, a generator, a torch DataLoader).
+
+``open_dataset(obj, preprocess=..., input_names=...)`` gives a :class:`Dataset`; iterating it yields
+:class:`Sample` (``index``, ``source``, ``feed``, ``sha256``) one at a time, so memory does not grow with the
+number of samples. Each sample's ``sha256`` hashes what identifies it: the file's bytes for files, the arrays
+(names, dtypes, shapes, bytes) for Python objects; bundles record these to rerun the same data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+_HINT = ("pass a folder of .npz files (one sample each), a folder of images with --preprocess module:function, or "
+         "a Python iterable of feed dicts")
+
+
+@dataclass
+class Sample:
+    """One sample: its position, where it came from, its feed and a content hash."""
+
+    index: int
+    source: str
+    feed: dict[str, np.ndarray]
+    sha256: str
+
+
+class Dataset:
+    """A re-iterable stream of :class:`Sample`. ``len()`` is known for folders and sized Python objects (None
+    otherwise: :attr:`size`)."""
+
+    def __init__(self, describe: dict, items: Callable[[], Iterable[Sample]], size: int | None):
+        self.describe, self._items, self.size = describe, items, size
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        if self.size is None:
+            raise TypeError("this dataset's length is not known before it is read")
+        return self.size
+
+    def head(self, count: int) -> list[Sample]:
+        """The first ``count`` samples (for calibration or a plan's example feed)."""
+        out = []
+        for sample in self:
+            if len(out) >= count:
+                break
+            out.append(sample)
+        return out
+
+
+def hash_feed(feed: Mapping[str, np.ndarray]) -> str:
+    """A content hash of a feed: names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(feed):
+        a = np.ascontiguousarray(feed[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def load_function(ref: str, what: str) -> Callable:
+    """``module:function`` or ``path/to/file.py:function`` as a callable, with one clear error when it is not."""
+    module_name, sep, attr = str(ref).rpartition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(f"{what} {ref!r} is not MODULE:FUNCTION", f"write e.g. mypackage.prep:{what}")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name).expanduser().resolve()
+            if not path.is_file():
+                raise InputError(f"{what} file not found: {path}", "check the path")
+            spec = importlib.util.spec_from_file_location(f"workbench_user_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())  # a module beside the user's command, as `python -m` finds it
+            module = importlib.import_module(module_name)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - user code: any failure is the user's to fix, said in one line
+        raise InputError(f"cannot import {what} {ref!r}: {type(e).__name__}: {e}",
+                         "check the module name and that it imports on its own") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise InputError(f"{what} {ref!r}: {module_name} has no function {attr!r}", "check the function name")
+    return fn
+
+
+def open_dataset(obj: Any, *, preprocess: str | Callable | None = None,
+                 input_names: list[str] | None = None) -> Dataset:
+    """A :class:`Dataset` from ``obj``: a folder (of .npz, or of images when ``preprocess`` is given), a list of
+    feed dicts, a generator or a torch DataLoader. ``preprocess`` turns one item (an image path for image folders,
+    an element for Python iterables) into a feed dict or an array; ``input_names``: the model's inputs, to name a
+    bare array (single-input models) or a tuple of arrays (in input order)."""
+    if isinstance(obj, Dataset):
+        return obj
+    fn = load_function(preprocess, "preprocess") if isinstance(preprocess, str) else preprocess
+    names = list(input_names or [])
+    if isinstance(obj, (str, os.PathLike)):
+        return _folder(Path(obj).expanduser(), fn, names, preprocess if isinstance(preprocess, str) else None)
+    if isinstance(obj, Mapping):
+        obj = [obj]
+    if not isinstance(obj, Iterable) or isinstance(obj, (bytes, np.ndarray)):
+        raise InputError(f"cannot read samples from a {type(obj).__name__}", _HINT)
+    try:
+        size = len(obj)  # type: ignore[arg-type]
+    except TypeError:
+        size = None
+    kind = type(obj).__name__
+    described = {"kind": "python", "type": kind, "preprocess": _name_of(preprocess)}
+
+    def items() -> Iterator[Sample]:
+        for i, item in enumerate(obj):
+            feed = _as_feed(fn(item) if fn else item, names, f"sample {i}")
+            yield Sample(i, f"{kind}[{i}]", feed, hash_feed(feed))
+
+    if size is None and iter(obj) is obj:  # a generator: readable once
+        once = _Once(items)
+        return Dataset(described, once, None)
+    return Dataset(described, items, size)
+
+
+class _Once:
+    """A one-shot iterator behind a re-iterable facade: a second pass says so instead of yielding nothing."""
+
+    def __init__(self, items: Callable[[], Iterator[Sample]]):
+        self._items, self._used = items, False
+
+    def __call__(self) -> Iterator[Sample]:
+        if self._used:
+            raise InputError("this generator's samples were already read once",
+                             "pass a list, a DataLoader or a function's fresh generator for every run")
+        self._used = True
+        return self._items()
+
+
+def _folder(folder: Path, fn: Callable | None, names: list[str], preprocess_ref: str | None) -> Dataset:
+    if not folder.exists():
+        raise InputError(f"dataset folder not found: {folder}", "check the path")
+    if not folder.is_dir():
+        raise InputError(f"{folder} is not a folder", _HINT)
+    entries = sorted(f for f in folder.iterdir() if f.is_file())
+    npz = [f for f in entries if f.suffix.lower() == ".npz"]
+    images = [f for f in entries if f.suffix.lower() in IMAGE_SUFFIXES]
+    if fn is not None:
+        files = images or [f for f in entries if not f.name.startswith(".")]
+        kind = "images" if images else "files"
+    elif npz:
+        files, kind = npz, "npz"
+    elif images:
+        raise InputError(f"{folder} holds images but no preprocessing function",
+                         "pass --preprocess module:function (a function taking an image path and returning the "
+                         "model's input array or a feed dict)")
+    else:
+        raise InputError(f"{folder} holds no .npz samples", _HINT)
+    if not files:
+        raise InputError(f"{folder} holds no samples", _HINT)
+    described = {"kind": kind, "folder": str(folder.resolve()), "count": len(files), "preprocess": preprocess_ref
+                 or _name_of(fn)}
+
+    def items() -> Iterator[Sample]:
+        from ..inputs.files import _load_npz
+
+        for i, f in enumerate(files):
+            data = _read(f)
+            digest = hashlib.sha256(data).hexdigest()
+            if fn is None:
+                feed = _load_npz(f, max_bytes=2 * 1024**3)
+            else:
+                try:
+                    raw = fn(str(f))
+                except Exception as e:  # noqa: BLE001 - user code: name the sample and the error in one line
+                    raise InputError(f"preprocess failed on {f.name}: {type(e).__name__}: {e}",
+                                     "fix the preprocessing function (it takes a file path)") from None
+                feed = _as_feed(raw, names, f.name)
+            yield Sample(i, f.name, feed, digest)
+
+    return Dataset(described, items, len(files))
+
+
+def _read(path: Path) -> bytes:
+    from .._files import read_capped
+
+    return read_capped(path, 2 * 1024**3, "sample file", InputError, "use smaller samples")
+
+
+def _name_of(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    if isinstance(fn, str):
+        return fn
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _as_feed(item: Any, names: list[str], where: str) -> dict[str, np.ndarray]:
+    """A feed dict from what a sample source or a preprocess function gives: a dict, an array (one input), a
+    tuple/list of arrays (inputs in order; a DataLoader's ``(x, label)`` keeps the first ``len(inputs)``) or a
+    torch tensor."""
+    if isinstance(item, Mapping):
+        return {str(k): _array(v, where) for k, v in item.items()}
+    if isinstance(item, (tuple, list)):
+        if not names:
+            raise InputError(f"{where}: a sequence of arrays needs the model's input names", "yield feed dicts")
+        if len(item) < len(names):
+            raise InputError(f"{where}: {len(item)} array(s) for {len(names)} model input(s) ({', '.join(names)})",
+                             "yield one array per input, or feed dicts")
+        return {n: _array(v, where) for n, v in zip(names, item)}
+    if len(names) != 1:
+        raise InputError(f"{where}: a single array for a model with {len(names)} inputs",
+                         "return a feed dict {input name: array}")
+    return {names[0]: _array(item, where)}
+
+
+def _array(value: Any, where: str) -> np.ndarray:
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    try:
+        return value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{where}: not array-like ({e})", "return numpy arrays") from None
