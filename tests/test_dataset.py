@@ -279,3 +279,23 @@ def test_rec_layer_statistics_identical_with_workers(fetch_model, rec_images, tm
     serial = compare_dataset(model, "ort", "ort:fp16", few, preprocess=PREP, metrics=["ctc"]).to_json()
     procs = compare_dataset(model, "ort", "ort:fp16", few, preprocess=PREP, metrics=["ctc"], workers=2).to_json()
     assert procs["layers"] == serial["layers"] and procs["samples"] == serial["samples"]
+
+
+@pytest.mark.slow
+def test_readme_dataset_workflow_runs_as_written(tmp_path):
+    """The README's three dataset commands, verbatim (their /tmp outputs moved into this test's folder)."""
+    import re
+    import shlex
+
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"### Drift over a dataset.*?```bash\n(.*?)```", readme, re.S).group(1)
+    commands = [c.split("  #")[0].strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+    assert len(commands) == 3
+    for command in commands:
+        argv = [a.replace("/tmp/", f"{tmp_path}/") for a in shlex.split(command)]
+        argv[0] = sys.executable if argv[0] == "python" else str(Path(sys.executable).with_name(argv[0]))
+        p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert p.returncode in (0, 1), f"{command}\n{p.stderr[-2000:]}"
+    doc = json.loads((tmp_path / "drift.json").read_text())
+    assert len(doc["samples"]) == 64 and doc["executor"]["workers"] == 2 and "ctc" in doc["task"]
+    assert (tmp_path / "drift.html").stat().st_size > 10_000

@@ -378,3 +378,35 @@ def test_inspect_lists_cycles_as_problems():
 
     problems = inspect_model(_cyclic(), probe=False).to_json()["problems"]
     assert any(p["code"] == "cycle" and "'loop_a'" in p["message"] for p in problems)
+
+
+@pytest.mark.slow
+def test_ctrl_c_interrupts_a_long_session_build(tmp_path):
+    """A 60,000-node model keeps ONNX Runtime's session build busy for many seconds in C++: Ctrl-C during it stops
+    the CLI at once (exit 130, one line), instead of after the build."""
+    import time
+
+    n = 60_000
+    nodes = [helper.make_node("Add", [f"t{i}", "one"], [f"t{i + 1}"], name=f"a{i}") for i in range(n)]
+    g = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])])
+    model = tmp_path / "big.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "-v", "compare", str(model), "--cand", "ort",
+                             "--no-culprits"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in proc.stderr:  # wait until a session build has started
+            if "engine" in line:
+                break
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+        waited = time.monotonic() - t0
+    finally:
+        proc.kill()
+    rest = proc.stderr.read()
+    assert rc == 130 and waited < 5, (rc, waited, rest[-500:])
+    assert rest.strip().splitlines()[-1] == "workbench: interrupted"

@@ -106,6 +106,24 @@ def test_engine_options_outside_the_allow_list_never_reach_an_engine(good, tmp_p
     assert len(notes) == 2 and all("dropped" in n for n in notes)
 
 
+def test_engine_class_paths_in_a_bundle_are_not_imported_unless_allowed(good, tmp_path):
+    """A re-sealed bundle whose candidate names a class path: the module is never imported by ``rerun`` unless the
+    user allows that class by name."""
+    b = _copy(good, tmp_path / "b")
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_engine_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                                 "from engine_fixtures import CountingReference as Engine\n")
+    _edit_manifest(b, lambda m: m["compare"].update(candidate="evil_engine_mod:Engine:fp16"), reseal=True)
+    env_path = os.pathsep.join([str(tmp_path), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    run = dict(capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": env_path})
+    proc = subprocess.run([*EXE, "rerun", str(b)], **run)
+    assert proc.returncode == 2 and "--allow-engine evil_engine_mod:Engine" in _one_error_line(proc.stderr)
+    assert not marker.exists(), "rerun imported a module the bundle named"
+    proc = subprocess.run([*EXE, "rerun", str(b), "--allow-engine", "evil_engine_mod:Engine"], **run)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert marker.exists()
+
+
 def test_allow_list_keeps_bounded_options_and_drops_paths_and_libraries():
     cap = (os.cpu_count() or 1) * 4
     clean, notes = bundle_engine_options({

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .core.paths import Output, check_outputs
-from .errors import Cancelled, WorkbenchError
+from .errors import Cancelled, InputError, WorkbenchError
 from .textfmt import printable, printable_lines
 
 log = logging.getLogger("workbench")
@@ -47,12 +47,45 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .inspection import inspect_model
     from .inspection_text import render
 
+    if args.engine or args.layer_info:
+        return _inspect_engine(args)
     check_outputs([Output("--json", args.json)], models={"MODEL": args.model})
     result = inspect_model(args.model, targets=args.targets or None, probe=not args.no_probe)
     if args.json:
         _write_json(result.to_json(), args.json)
     if args.json != "-":
         print(printable_lines(render(result)))
+    return EXIT_OK
+
+
+def _inspect_engine(args: argparse.Namespace) -> int:
+    """``inspect --engine``: the engine graph (workbench.engine_graph/1), live or from TensorRT's recorded files."""
+    from .engine_graphs.text import render
+
+    if args.targets or args.no_probe:
+        raise UsageError("--targets and --no-probe check the ONNX graph; drop them with --engine")
+    if not args.layer_info and (args.layer_profile or args.layer_times):
+        raise UsageError("--layer-profile and --layer-times go with --layer-info (TensorRT's recorded layers)")
+    if args.layer_info and (args.engine or "trt") != "trt":
+        raise UsageError("--layer-info is TensorRT's layer information: use it with --engine trt (or alone)")
+    check_outputs([Output("--json", args.json)], models={"MODEL": args.model},
+                  inputs={"--inputs": args.inputs, "--layer-info": args.layer_info,
+                          "--layer-profile": args.layer_profile, "--layer-times": args.layer_times})
+    if args.layer_info:
+        from .engine_graphs.tensorrt_graph import from_records
+
+        graph = from_records(args.model, args.layer_info, args.layer_profile, args.layer_times)
+    else:
+        from .engine_graphs.api import engine_graph
+        from .inputs import parse_shape_overrides
+
+        graph = engine_graph(args.model, args.engine, feeds=args.inputs, runs=args.runs, seed=args.seed,
+                             input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
+                             optimization=args.optimization, threads=args.threads)
+    if args.json:
+        _write_json(graph.to_json(), args.json)
+    if args.json != "-":
+        print(printable_lines(render(graph, top=args.top)))
     return EXIT_OK
 
 
@@ -68,6 +101,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   inputs={"--inputs": args.inputs, "--calib": args.calib})
     if args.criterion:
         Criterion.parse(args.criterion)  # a bad criterion fails before the comparison, not after
+    if _dataset_mode(args):
+        return _compare_dataset(args)
     result = compare(
         args.model, args.ref, args.cand, feeds=args.inputs, cand_model=args.cand_model, mode=args.mode,
         criterion=args.criterion, memory_budget=args.memory_budget, seed=args.seed, feed_count=args.feeds,
@@ -83,6 +118,49 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _save_report_and_bundle(args, result)
     if args.json != "-":
         print(printable_lines(render(result)))
+    return EXIT_DIVERGED if result.failed else EXIT_OK
+
+
+def _dataset_mode(args: argparse.Namespace) -> bool:
+    """Per-sample results over a dataset: asked for by any of the dataset options."""
+    return bool(args.metric or args.preprocess or args.workers or args.executor or args.per_sample)
+
+
+def _compare_dataset(args: argparse.Namespace) -> int:
+    from .dataset.api import compare_dataset
+    from .inputs import parse_shape_overrides
+
+    if not args.inputs:
+        raise InputError("per-sample options (--metric, --preprocess, --workers, --executor, --per-sample) need a "
+                         "dataset", "pass --inputs DIR (a folder of .npz, or of images with --preprocess)")
+    ignored = [flag for flag, on in (("--mode", args.mode != "auto"), ("--no-culprits", args.no_culprits),
+                                     ("--val-range", args.val_range), ("--feeds", args.feeds != 1),
+                                     ("--fail-on-internal-dips", args.fail_on_internal_dips)) if on]
+    if ignored:
+        raise InputError(f"{', '.join(ignored)} do not apply to a per-sample dataset comparison",
+                         "drop them (compare one sample with its culprits: workbench compare MODEL --inputs FILE.npz)")
+    result = compare_dataset(
+        args.model, args.ref, args.cand, args.inputs, preprocess=args.preprocess, metrics=args.metric or (),
+        workers=args.workers or 1, executor=args.executor, cand_model=args.cand_model, calibration=args.calib,
+        worst=args.worst, layers=not args.no_layers, criterion=args.criterion, memory_budget=args.memory_budget,
+        input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
+        keep_fp32=args.keep_fp32 or None, isolate={"auto": None, "yes": True, "no": False}[args.isolate],
+        timeout_s=args.timeout, progress=_progress_logger() if args.verbose else None)
+    if args.json:
+        _write_json(result.to_json(), args.json)
+    if args.bundle:
+        from .dataset.bundle import save_dataset_bundle
+
+        path = save_dataset_bundle(result, args.bundle, include_data=args.bundle_data,
+                                   zip=args.bundle.lower().endswith(".zip"))
+        _say(f"bundle written to {path} (rerun it: workbench rerun {path})")
+    if args.report:
+        from .report.dataset_html import write_dataset_report
+
+        write_dataset_report(result, args.report)
+        _say(f"report written to {args.report}")
+    if args.json != "-":
+        print(printable_lines(result.render()))
     return EXIT_DIVERGED if result.failed else EXIT_OK
 
 
@@ -117,7 +195,9 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
     check_outputs([Output("--json", args.json)], models={"--model": args.model, "--cand-model": args.cand_model},
                   inputs={"BUNDLE": args.bundle})
-    report = rerun_bundle(args.bundle, model=args.model, cand_model=args.cand_model,
+    report = rerun_bundle(args.bundle, model=args.model, cand_model=args.cand_model, inputs=args.inputs,
+                          preprocess=args.preprocess, metrics=args.metric, workers=args.workers,
+                          executor=args.executor, allow_engines=args.allow_engine or (),
                           progress=_progress_logger() if args.verbose else None)
     if args.json:
         _write_json(report.to_json(), args.json)
@@ -341,10 +421,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="graph, opset inventory, problems and runtime compatibility of a model")
     p.add_argument("model", help="path to an .onnx file")
-    p.add_argument("--json", metavar="OUT", help="write the workbench.inspect/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--json", metavar="OUT", help="write the workbench.inspect/1 JSON to OUT ('-' for stdout); "
+                   "with --engine the workbench.engine_graph/1 JSON")
     p.add_argument("--targets", nargs="+", metavar="TARGET",
                    help="runtimes to check against, e.g. trt-10 trt-8.6 ort-1.20 openvino (default: a handful)")
     p.add_argument("--no-probe", action="store_true", help="do not build a real ONNX Runtime session")
+    g = p.add_argument_group("inside the engine (--engine): what it fused, where each node ran, in what precision, "
+                             "how long it took")
+    g.add_argument("--engine", metavar="SPEC", help="ENGINE[:VARIANT] to look inside: ort, ort:fp16, openvino, trt")
+    g.add_argument("--input-shapes", nargs="+", metavar="NAME:[d,...]", help="shapes for dynamic inputs")
+    g.add_argument("--inputs", metavar="FILE", help=".npz, folder of .npz, or Polygraphy inputs JSON (default: seeded "
+                   "random feeds)")
+    g.add_argument("--seed", type=SEED, default=0, help="seed for random feeds (default 0)")
+    g.add_argument("--runs", type=_whole(0, 100_000), default=10, metavar="N", help="profiled runs after one warm-up "
+                   "(default 10; 0: the graph only, no latency)")
+    g.add_argument("--optimization", choices=["all", "extended", "basic", "disable"], help="ONNX Runtime's graph "
+                   "optimization level (default all)")
+    g.add_argument("--threads", type=_whole(1, 1024), metavar="N", help="intra-op (ORT) or inference (OpenVINO) "
+                   "threads (default: the engine's)")
+    g.add_argument("--layer-info", metavar="FILE", help="TensorRT's layer information JSON, recorded with trtexec "
+                   "--exportLayerInfo --profilingVerbosity=detailed (no GPU needed to read it)")
+    g.add_argument("--layer-profile", metavar="FILE", help="TensorRT's per-layer profile (trtexec --exportProfile)")
+    g.add_argument("--layer-times", metavar="FILE", help="TensorRT's per-iteration times (trtexec --exportTimes)")
+    g.add_argument("--top", type=ROWS, default=10, metavar="N", help="slowest nodes listed (default 10)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("compare", help="layer-wise comparison of two engines/precisions: first divergent layer, "
@@ -373,6 +472,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report (plots work offline)")
     p.add_argument("--bundle", metavar="DIR", help="save a rerunnable bundle: model copy, feeds, options, results "
                    "(DIR.zip: zipped); rerun it with `workbench rerun DIR`")
+    g = p.add_argument_group("dataset (per-sample results; any of these turns them on)")
+    g.add_argument("--metric", nargs="+", metavar="NAME", help="task metrics per sample: top1, topk[:K], ctc, "
+                   "mask_iou[:T], or module:function / file.py:function returning {name: number}")
+    g.add_argument("--preprocess", metavar="MODULE:FUNCTION", help="turns each file of an image folder (its path) "
+                   "into the model's input array or a feed dict")
+    g.add_argument("--workers", type=_whole(1, 1024), metavar="N", help="N local worker processes (default: serial)")
+    g.add_argument("--executor", metavar="KIND", help="serial, processes, ray (a local Ray) or ray://HOST:PORT (a Ray "
+                   "cluster; pip install 'onnx-drift-workbench[ray]')")
+    g.add_argument("--per-sample", action="store_true", help="per-sample results without task metrics")
+    g.add_argument("--worst", type=_whole(0, 100_000), default=5, metavar="K", help="worst samples listed (default 5)")
+    g.add_argument("--no-layers", action="store_true", help="compare the graph outputs only (no per-layer statistics)")
+    g.add_argument("--bundle-data", action="store_true", help="store every sample's feed in the bundle (default: "
+                   "content hashes only; the rerun reads the data again)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("calibrate", help="INT8 calibration diagnostics: histograms, ranges by method, sensitivity, "
@@ -427,6 +539,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "(its sha256 must match)")
     p.add_argument("--cand-model", metavar="PATH", help="the candidate model file, likewise")
     p.add_argument("--json", metavar="OUT", help="write the workbench.rerun/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--allow-engine", nargs="+", metavar="MODULE:CLASS", help="import these engine classes named by "
+                   "the bundle (a bundle never imports code by itself)")
+    g = p.add_argument_group("dataset bundles")
+    g.add_argument("--inputs", metavar="DIR", help="the dataset, when it is no longer where the bundle recorded it")
+    g.add_argument("--preprocess", metavar="MODULE:FUNCTION", help="the preprocessing the bundle names (a bundle "
+                   "never runs code by itself)")
+    g.add_argument("--metric", nargs="+", metavar="NAME", help="the task metrics (needed again for module:function "
+                   "metrics)")
+    g.add_argument("--workers", type=_whole(1, 1024), metavar="N", help="N local worker processes")
+    g.add_argument("--executor", metavar="KIND", help="serial, processes, ray or ray://HOST:PORT")
     p.set_defaults(func=cmd_rerun)
 
     p = sub.add_parser("diff", help="what changed between two comparisons (results JSON files or bundles)")
@@ -502,6 +624,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         _say("interrupted")
+        from .engines.interruptible import native_work_running
+
+        if native_work_running():  # a session build is still in C++: leave without running destructors under it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from writing again

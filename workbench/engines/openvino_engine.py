@@ -10,6 +10,7 @@ import onnx
 
 from ..errors import EngineRunError, EngineUnavailableError
 from .base import Engine, Feeds, Session
+from .interruptible import interruptibly
 from .serialize import model_payload
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class OpenVinoEngine(Engine):
         config = {"INFERENCE_PRECISION_HINT": self.inference_precision, **self.config}
         try:
             ov_model = core.read_model(payload.source) if payload.is_file else core.read_model(payload.source, b"")
-            compiled = core.compile_model(ov_model, self.device, config)
+            compiled = interruptibly(lambda: core.compile_model(ov_model, self.device, config), "openvino-compile")
         except Exception as e:
             raise EngineRunError(f"OpenVINO could not read or compile the model: {_one_line(e)}",
                                  "check that every op is supported by OpenVINO's ONNX frontend") from e

@@ -14,6 +14,7 @@ import onnx
 
 from ..errors import EngineRunError, EngineUnavailableError, SpecError
 from .base import Engine, Feeds, Session
+from .interruptible import interruptibly
 from .serialize import ModelPayload, model_payload
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,9 @@ class OrtEngine(Engine):
             raise EngineUnavailableError(f"{self.name}: {problem[0]}", problem[1])
         payload = model_payload(model, list(outputs))
         try:
-            session = ort.InferenceSession(payload.source, self._session_options(len(outputs)),
-                                           providers=self._providers())
+            options, providers = self._session_options(len(outputs)), self._providers()
+            session = interruptibly(lambda: ort.InferenceSession(payload.source, options, providers=providers),
+                                    "ort-session")
         except Exception as e:
             payload.close()
             raise _error("onnxruntime could not create a session", e,

@@ -34,6 +34,23 @@ def _rerunner(kind: str):
     return getattr(importlib.import_module(module), name)
 
 
+def check_engines(*specs: Any, allowed: Any = ()) -> None:
+    """Refuse engine specs that name code (``package.module:Class``) unless the user allowed each by name: a
+    tampered bundle must not make ``rerun`` import a module of its choosing."""
+    from ..engines.registry import is_dotted_path
+
+    allowed = {str(a).strip() for a in (allowed or ())}
+    for spec in specs:
+        text = str(spec or "").strip()
+        if not is_dotted_path(text):
+            continue
+        base = ":".join(text.split(":")[:2])
+        if text not in allowed and base not in allowed:
+            raise BundleError(f"the bundle names the engine {text!r}, a class path: code that a bundle never imports "
+                              "by itself", f"if you trust it, pass --allow-engine {base} "
+                              f"(Python: rerun_bundle(..., allow_engines=[{base!r}]))")
+
+
 @dataclass
 class RerunReport:
     """The saved result, the new one, and what differs."""
@@ -87,12 +104,15 @@ class RerunReport:
 
 def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike | None = None,
                  cand_model: str | os.PathLike | None = None, isolate: bool | None = None,
-                 timeout_s: float | None = None, progress: Any = None, **dataset_args: Any) -> RerunReport:
+                 timeout_s: float | None = None, progress: Any = None, allow_engines: Any = (),
+                 **dataset_args: Any) -> RerunReport:
     """Re-execute the comparison a bundle recorded and compare with its saved results (a calibration or dataset
     bundle gives its own rerun report).
 
     The model (and candidate model) must hash to the recorded sha256, else :class:`ModelMismatchError`.
-    ``model``: the file to use for a bundle that keeps only a reference to its model. ``dataset_args`` (dataset
+    ``model``: the file to use for a bundle that keeps only a reference to its model. An engine the bundle names
+    by class path (``package.module:Class``) is imported only when listed in ``allow_engines`` (a bundle never
+    imports code by itself). ``dataset_args`` (dataset
     bundles): ``inputs``, ``preprocess``, ``metrics``, ``workers``, ``executor``."""
     from ..compare.api import compare
     from ..compare.criterion import Criterion
@@ -104,6 +124,8 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
         if kind != "compare":  # another producer's bundle (calibration, dataset): its own rerunner, by name
             given = {k: v for k, v in dataset_args.items() if v is not None}
             if kind == "dataset":
+                section = b.manifest.get("dataset_compare") or {}
+                check_engines(section.get("reference"), section.get("candidate"), allowed=allow_engines)
                 return _rerunner(kind)(b, model=model, progress=progress, **given)
             if given:
                 raise BundleError(f"{', '.join(sorted(given))} only apply to dataset bundles, and this is a "
@@ -138,6 +160,7 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
             reference, candidate = str(opts["reference"]), str(opts["candidate"])
         except (KeyError, TypeError, ValueError) as e:
             raise BundleError(f"{b.source.name}: manifest 'compare' is malformed ({type(e).__name__}: {e})") from None
+        check_engines(reference, candidate, allowed=allow_engines)
         feeds = b.feeds()
         calib = b.calibration_feeds()
         log.info("rerunning %s vs %s on %s (%d feeds)", reference, candidate, loaded.name, len(feeds))
