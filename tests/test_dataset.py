@@ -45,6 +45,14 @@ def _npz_folder(folder: Path, n: int, seed: int = 0) -> Path:
     return folder
 
 
+def SAMPLE_RESULT(tmp_path: Path) -> Path:  # noqa: N802 - reads like a constant at the call site
+    """A single comparison's JSON (not a dataset one)."""
+    from workbench.compare.api import compare
+
+    model = _softmax_model(tmp_path / "single.onnx")
+    return compare(model, "ort", "ref:fp16").save_json(tmp_path / "single.json")
+
+
 # --- metrics against independent arithmetic ------------------------------------------------------------------
 def test_builtin_metrics_match_independent_arithmetic():
     from ocr_truth import ctc_indices
@@ -190,6 +198,17 @@ def test_cli_dataset_bundle_reruns_and_sees_changed_data(tmp_path):
     np.savez(data / "s002.npz", x=np.ones((1, 4, 8), np.float32))  # the data changed since
     p = subprocess.run([*wb, "rerun", str(bundle)], capture_output=True, text=True)
     assert "NOT REPRODUCED" in p.stdout and "#2 s002.npz (content differs)" in p.stdout and p.returncode == 1
+    # diff: the saved run against a new one on the changed data names exactly that sample
+    out2 = tmp_path / "o2.json"
+    subprocess.run([*wb, "compare", str(model), "--cand", "ref:fp16", "--inputs", str(data), "--metric", "top1",
+                    "--json", str(out2)], capture_output=True, text=True)
+    p = subprocess.run([*wb, "diff", str(bundle), str(out2), "--json", str(tmp_path / "d.json")], capture_output=True,
+                       text=True)
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert p.returncode == 0 and [c["index"] for c in d["changed_samples"]] == [2], p.stderr
+    assert "different data" in d["changed_samples"][0]["what"]
+    p = subprocess.run([*wb, "diff", str(out), str(SAMPLE_RESULT(tmp_path))], capture_output=True, text=True)
+    assert p.returncode == 2 and "dataset" in p.stderr
     # the bad-input paths: one line, exit 2
     p = subprocess.run([*wb, "compare", str(model), "--metric", "top1"], capture_output=True, text=True)
     assert p.returncode == 2 and "need a dataset" in p.stderr and "Traceback" not in p.stderr
@@ -299,3 +318,28 @@ def test_readme_dataset_workflow_runs_as_written(tmp_path):
     doc = json.loads((tmp_path / "drift.json").read_text())
     assert len(doc["samples"]) == 64 and doc["executor"]["workers"] == 2 and "ctc" in doc["task"]
     assert (tmp_path / "drift.html").stat().st_size > 10_000
+
+
+def test_cancel_stops_the_workers(tmp_path):
+    import threading
+
+    import psutil
+
+    from workbench.errors import Cancelled
+
+    model = _softmax_model(tmp_path / "m.onnx")
+    data = _npz_folder(tmp_path / "d", 40)
+    cancel = threading.Event()
+    seen = []
+
+    def progress(fraction, message):
+        seen.append(message)
+        if "samples" in message:
+            cancel.set()  # after the first chunk came back
+
+    with pytest.raises(Cancelled):
+        compare_dataset(model, "ort", "ref:fp16", data, workers=2, progress=progress, cancel=cancel)
+    assert any("samples" in m for m in seen) and not any(m.startswith("40/40") for m in seen)
+    left = [p for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())]  # multiprocessing's own, for the whole session
+    assert left == []

@@ -7,7 +7,6 @@ by name and must be passed again to rerun (built-in metrics rerun on their own).
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +15,11 @@ from typing import Any
 from ..report.bundle import RESULTS, Bundle, BundleWriter
 from ..report.env import diff_versions, package_versions
 from ..report.safety import BundleError, confined, load_npz, read_json
+from .diff import changed_samples
 from .metrics import BUILTIN
 from .result import DatasetResult
 
 KIND = "dataset"
-#: task metric values (and output metrics) that differ by more than this count as changed
-RTOL = 1e-9
 
 
 def save_dataset_bundle(result: DatasetResult, dest: str | os.PathLike, *, include_data: bool = False,
@@ -177,7 +175,7 @@ def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None, inputs: 
                 data_changed.append({"index": s["index"], "source": s["source"], "why": "content differs"})
         for i in sorted(set(recorded) - {s["index"] for s in result.samples}):
             data_changed.append({"index": i, "source": recorded[i].get("source"), "why": "missing now"})
-    changed = _changed_samples(saved.get("samples") or [], result.to_json()["samples"])
+    changed = changed_samples(saved.get("samples") or [], result.to_json()["samples"], check_data=False)
     versions = diff_versions(m.get("versions") or {}, package_versions())
     return DatasetRerun(b.source.name, saved, result, changed, data_changed, versions, notes)
 
@@ -202,40 +200,3 @@ def _data_source(b: Bundle, data: dict, inputs: Any, preprocess: str | None):
                           "never runs by itself", f"pass it again: --preprocess {recorded_prep}")
     return inputs, preprocess
 
-
-def _changed_samples(saved: list[dict], now: list[dict]) -> list[dict]:
-    by_index = {s["index"]: s for s in saved}
-    out = []
-    for s in now:
-        old = by_index.get(s["index"])
-        if old is None:
-            continue
-        what = []
-        if old.get("diverged") != s.get("diverged"):
-            what.append(f"verdict {'diverged' if old.get('diverged') else 'ok'} -> "
-                        f"{'diverged' if s.get('diverged') else 'ok'}")
-        for k, v in (s.get("task") or {}).items():
-            before = (old.get("task") or {}).get(k)
-            if not _same(before, v):
-                what.append(f"{k} {before} -> {v}")
-        for o, metrics in (s.get("outputs") or {}).items():
-            for k, v in metrics.items():
-                before = ((old.get("outputs") or {}).get(o) or {}).get(k)
-                if not _same(before, v):
-                    what.append(f"{o} {k} {before} -> {v}")
-                    break
-        if (old.get("first_divergent") or {}).get("tensor") != (s.get("first_divergent") or {}).get("tensor"):
-            what.append("first divergence moved")
-        if what:
-            out.append({"index": s["index"], "source": s.get("source"), "what": what})
-    return out
-
-
-def _same(a, b) -> bool:
-    if a == b:
-        return True
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if math.isnan(a) and math.isnan(b):
-            return True
-        return abs(a - b) <= RTOL * max(abs(a), abs(b), 1e-30)
-    return False
