@@ -21,6 +21,7 @@ _LAZY = {
     "inventory": "workbench.model.inventory",
     "Workbench": "workbench.ui.workbench",
     "repair": "workbench.repair",
+    "engine_graph": "workbench.engine_graphs.api",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY, extra=("__version__",))

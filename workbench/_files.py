@@ -57,8 +57,16 @@ def read_capped(path: str | os.PathLike, max_bytes: int, what: str, error: type[
         size = os.fstat(fh.fileno()).st_size
         if size > max_bytes:
             raise error(f"{what} {path} is {human_size(size)}, over the {human_size(max_bytes)} limit", size_hint)
-        try:
-            data = fh.read(max_bytes + 1)
+        try:  # read what fstat says (+1 to see growth): read(max_bytes) would reserve the whole cap up front
+            parts = [fh.read(size + 1)]
+            total = len(parts[0])
+            while total > size and total <= max_bytes:  # the file grew while being read: go on, up to the cap
+                more = fh.read(min(1 << 20, max_bytes + 1 - total))
+                if not more:
+                    break
+                parts.append(more)
+                total += len(more)
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
         except OSError as e:
             raise error(f"cannot read {what} {path}: {e.strerror}", "check the file") from None
     if len(data) > max_bytes:  # grew while being read

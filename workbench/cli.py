@@ -49,6 +49,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     if args.engine or args.layer_info:
         return _inspect_engine(args)
+    engine_only = [o for o, v in (("--input-shapes", args.input_shapes), ("--inputs", args.inputs),
+                                  ("--optimization", args.optimization), ("--threads", args.threads),
+                                  ("--layer-profile", args.layer_profile), ("--layer-times", args.layer_times)) if v]
+    if engine_only:
+        raise UsageError(f"{', '.join(engine_only)} go with --engine SPEC (or --layer-info): they look inside engines")
     check_outputs([Output("--json", args.json)], models={"MODEL": args.model})
     result = inspect_model(args.model, targets=args.targets or None, probe=not args.no_probe)
     if args.json:
@@ -110,7 +115,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         val_ranges=parse_range_overrides(args.val_range) if args.val_range else None,
         keep_fp32=args.keep_fp32 or (), calibration_feeds=args.calib, culprits=not args.no_culprits,
         isolate={"auto": None, "yes": True, "no": False}[args.isolate], timeout_s=args.timeout,
-        impact=args.impact, fail_on_internal_dips=args.fail_on_internal_dips,
+        impact=args.impact, fail_on_internal_dips=args.fail_on_internal_dips, granularity=args.granularity,
         progress=_progress_logger() if args.verbose else None,
     )
     if args.json:
@@ -135,7 +140,8 @@ def _compare_dataset(args: argparse.Namespace) -> int:
                          "dataset", "pass --inputs DIR (a folder of .npz, or of images with --preprocess)")
     ignored = [flag for flag, on in (("--mode", args.mode != "auto"), ("--no-culprits", args.no_culprits),
                                      ("--val-range", args.val_range), ("--feeds", args.feeds != 1),
-                                     ("--fail-on-internal-dips", args.fail_on_internal_dips)) if on]
+                                     ("--fail-on-internal-dips", args.fail_on_internal_dips),
+                                     ("--granularity fused", args.granularity != "all")) if on]
     if ignored:
         raise InputError(f"{', '.join(ignored)} do not apply to a per-sample dataset comparison",
                          "drop them (compare one sample with its culprits: workbench compare MODEL --inputs FILE.npz)")
@@ -210,6 +216,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from .report.diff import diff_results
 
     check_outputs([Output("--json", args.json)], inputs={"A": args.a, "B": args.b})
+    from .dataset.diff import dataset_doc, diff_datasets
+
+    labels = (os.path.basename(args.a.rstrip("/")) or "A", os.path.basename(args.b.rstrip("/")) or "B")
+    if dataset_doc(args.a) is not None or dataset_doc(args.b) is not None:
+        diff = diff_datasets(args.a, args.b, labels=labels)
+        if args.json:
+            _write_json(diff.to_json(), args.json)
+        if args.json != "-":
+            print(printable_lines(diff.render(top=args.top)))
+        return EXIT_OK
     diff = diff_results(args.a, args.b, metric=args.metric, labels=(os.path.basename(args.a.rstrip("/")) or "A",
                                                                     os.path.basename(args.b.rstrip("/")) or "B"))
     if args.json:
@@ -253,13 +269,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                                                     "calibration.cache"))],
                   models={"MODEL": args.model},
                   inputs={"--data": _feeds_arg(args.data), "--import-cache": args.import_cache,
-                          "--eval-data": _feeds_arg(args.eval_data) if args.eval_data else None})
+                          "--eval-data": _feeds_arg(args.eval_data) if args.eval_data else None,
+                          "--preprocess": _code_file(args.preprocess)})
     if args.import_cache:
         read_thresholds(args.import_cache)  # a bad file fails before the calibration, not after
     report = calibrate(
         args.model, _feeds_arg(args.data), eval_data=_feeds_arg(args.eval_data) if args.eval_data else None,
-        methods=args.methods, method=args.method, percentile=args.percentile, num_bins=args.num_bins,
-        ort_entropy_bins=args.ort_entropy_bins, memory_budget=args.memory_budget,
+        preprocess=args.preprocess, methods=args.methods, method=args.method, percentile=args.percentile,
+        num_bins=args.num_bins, ort_entropy_bins=args.ort_entropy_bins, memory_budget=args.memory_budget,
         seed=args.seed, input_shapes=args.input_shapes, sweep=args.sweep, top_k=args.top_k,
         progress=_progress_logger() if args.verbose else None,
     )
@@ -298,12 +315,16 @@ def cmd_repair(args: argparse.Namespace) -> int:
     check_outputs([Output("--out", args.out), Output("--out", args.out and f"{args.out}.data"),
                    Output("--json", args.json), Output("--bundle", args.bundle, "new")],
                   models={"MODEL": args.model, "--cand-model": args.cand_model},
-                  inputs={"--inputs": args.inputs, "--metric": metric_file if metric_file.endswith(".py") else None})
+                  inputs={"--inputs": args.inputs, "--metric": metric_file if metric_file.endswith(".py") else None,
+                          "--preprocess": _code_file(args.preprocess)})
+    if args.preprocess and not args.inputs:
+        raise InputError("--preprocess needs a dataset", "pass --inputs DIR (a folder of images)")
     result = repair(
         args.model, args.ref, args.cand, cand_model=args.cand_model, feeds=args.inputs, target=args.target,
         metric=args.metric, out=args.out, nodes=args.nodes, max_builds=args.max_builds, batch=args.batch,
         verify=None if args.verify == "none" else args.verify, seed=args.seed, feed_count=args.feeds,
-        memory_budget=args.memory_budget,
+        memory_budget=args.memory_budget, preprocess=args.preprocess, workers=args.workers or 1,
+        executor=args.executor,
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         progress=_progress_logger() if args.verbose else None,
     )
@@ -315,6 +336,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
     if args.json != "-":
         print(printable_lines(result.render()))
     return result.exit_code
+
+
+def _code_file(ref: str | None) -> str | None:
+    """The file of a ``file.py:function`` reference (checked like any input), else None."""
+    path = (ref or "").rpartition(":")[0]
+    return path if path.endswith(".py") else None
 
 
 def _feeds_arg(text: str):
@@ -464,6 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the top N culprits gains on the outputs; harmless ones rank last (default 5, 0: off)")
     p.add_argument("--fail-on-internal-dips", action="store_true", help="exit 1 also when only internal tensors "
                    "fall under the criterion while the outputs pass (a stricter CI gate)")
+    p.add_argument("--granularity", choices=["all", "fused"], default="all", help="fused: compare only the "
+                   "tensors at the candidate engine's fused-group boundaries (marking them keeps its fusions)")
     p.add_argument("--isolate", choices=["auto", "yes", "no"], default="auto",
                    help="run engines in a worker process (auto: TensorRT and GPU providers)")
     p.add_argument("--timeout", type=_number(0, 7 * 86400, above=True), metavar="S",
@@ -491,7 +520,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "representativeness, TensorRT cache, QDQ model")
     p.add_argument("model", help="path to an .onnx file")
     p.add_argument("--data", required=True, metavar="FILE|DIR|N", help="calibration feeds: .npz, folder of .npz, "
-                   "Polygraphy inputs JSON, or a number N for N seeded random feeds")
+                   "folder of images (with --preprocess), Polygraphy inputs JSON, or a number N for N seeded random "
+                   "feeds; folders are streamed one sample at a time")
+    p.add_argument("--preprocess", metavar="MODULE:FUNCTION", help="turns each file of a --data/--eval-data image "
+                   "folder (its path) into the model's input array or a feed dict (module:function or "
+                   "file.py:function)")
     p.add_argument("--eval-data", metavar="FILE|DIR|N", help="evaluation feeds to check the calibration data "
                    "against (same forms; N random feeds use seed+1)")
     from .calibrate.methods import METHODS, RULES
@@ -586,7 +619,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", choices=["auto", "switch", "build"], default="auto", help="switch: one switchable "
                    "model, a run per evaluated set; build: a build per set; auto: switch for FP16/BF16, build for Q/DQ")
     p.add_argument("--memory-budget", type=_size, metavar="SIZE", help="peak memory for the comparison's marked "
-                   "tensors, e.g. 512M (default: a quarter of RAM, at most 4G)")
+                   "tensors and for the feeds of a dataset, e.g. 512M (default: a quarter of RAM, at most 4G)")
+    p.add_argument("--preprocess", metavar="MODULE:FUNCTION", help="turns each file of an --inputs image folder (its "
+                   "path) into the model's input array or a feed dict (module:function or file.py:function)")
+    p.add_argument("--workers", type=_whole(1, 1024), metavar="N", help="evaluate the search's candidate builds on N "
+                   "local worker processes (same result as serial)")
+    p.add_argument("--executor", metavar="KIND", help="serial, processes, ray (a local Ray) or ray://HOST:PORT (a Ray "
+                   "cluster) for the candidate evaluations")
     p.add_argument("--verify", default="ref", metavar="ENGINE", help="independent engine the repaired model is "
                    "verified on besides the candidate's (default: ref; none: skip)")
     p.add_argument("--json", metavar="OUT", help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")

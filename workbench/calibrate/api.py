@@ -16,6 +16,7 @@ import numpy as np
 from .collect import activation_tensors, collect
 from .errors import rank_sensitivity, tensor_errors
 from .exceptions import CalibrationError
+from .feeds import FeedStream, as_feeds
 from .histogram import check_num_bins
 from .methods import DEFAULT_METHOD, METHODS, RULES, check_methods, check_percentile, compute_range, needs
 from .ort_rules import ENTROPY_BINS, QUANTIZED_BINS
@@ -33,6 +34,7 @@ def calibrate(
     model: Any,
     data: Any,
     *,
+    preprocess: str | Callable | None = None,
     methods: Sequence[str] = METHODS,
     method: str | None = None,
     percentile: float | None = None,
@@ -49,9 +51,12 @@ def calibrate(
 ) -> CalibrationReport:
     """Calibrate ``model`` (path, bytes, ModelProto, LoadedModel) on ``data`` and report.
 
-    ``data``/``eval_data``: anything :func:`workbench.inputs.feeds_from` takes (a dict, a list of dicts, an .npz,
-    a folder of .npz, a Polygraphy inputs JSON) or an int N for N seeded random feeds (``seed``; evaluation
-    feeds use ``seed + 1``; ``input_shapes`` fixes dynamic dims). ``methods``: the rules computed (see
+    ``data``/``eval_data``: a dict, a list of dicts, an .npz, a Polygraphy inputs JSON, an int N for N seeded
+    random feeds (``seed``; evaluation feeds use ``seed + 1``; ``input_shapes`` fixes dynamic dims), or a dataset,
+    streamed one sample at a time so that memory does not grow with its size: a folder of .npz, a folder of images
+    with ``preprocess`` (``module:function`` or ``file.py:function`` taking an image path), a
+    :class:`~workbench.dataset.source.Dataset`, a generator or a DataLoader (see :mod:`workbench.calibrate.feeds`;
+    ``preprocess`` also applies to ``eval_data``). ``methods``: the rules computed (see
     methods.py: max, entropy, percentile, mse as TensorRT/ModelOpt compute them, ort-entropy, ort-percentile
     as ONNX Runtime's quantize_static does); ``percentile``: for both percentile rules (default: each rule's
     own, 99.99 and 99.999); ``num_bins``: TensorRT's and ORT percentile's bins (2048); ``ort_entropy_bins``:
@@ -72,8 +77,9 @@ def calibrate(
     budget = parse_size(memory_budget)
     loaded = load_model(model)
     shapes = _shapes(input_shapes)
-    feeds = resolve_feeds(loaded, data, seed, shapes, "data")
-    eval_feeds = resolve_feeds(loaded, eval_data, seed + 1, shapes, "eval_data") if eval_data is not None else None
+    feeds = resolve_feeds(loaded, data, seed, shapes, "data", preprocess)
+    eval_feeds = resolve_feeds(loaded, eval_data, seed + 1, shapes, "eval_data", preprocess) \
+        if eval_data is not None else None
     tensors = activation_tensors(loaded)
     if not tensors:
         raise CalibrationError("the model has no float activation tensors to calibrate")
@@ -120,7 +126,8 @@ def calibrate(
         config={"methods": list(methods), "method": chosen, "percentile": percentile, "num_bins": num_bins,
                 "ort_entropy_bins": ort_entropy_bins, "ort_quantized_bins": QUANTIZED_BINS,
                 "feeds": len(feeds), "eval_feeds": len(eval_feeds) if eval_feeds else 0, "seed": seed,
-                "memory_budget": budget, "chunks": calib.chunks, "input_shapes": shapes or None},
+                "memory_budget": budget, "chunks": calib.chunks, "input_shapes": shapes or None,
+                **({"data": _provenance(feeds)} if isinstance(feeds, FeedStream) else {})},
         skipped=calib.skipped, notes=notes, timing=timing, source_model=loaded,
         sample_feeds=(eval_feeds or feeds)[:SAMPLE_FEEDS], used_feeds=feeds, used_eval_feeds=eval_feeds,
     )
@@ -131,6 +138,8 @@ def calibrate(
                              cancel=cancel, span=spans["eval"])
         timing["eval_collect_s"] = evaluation.seconds
         report.eval_histograms = evaluation.histograms
+        if isinstance(eval_feeds, FeedStream):
+            report.config["eval_data"] = _provenance(eval_feeds)
         eval_amax = {}
         for t, e in evaluation.histograms.items():
             lo, hi = compute_range(chosen, e, trt=evaluation.trt.get(t), ort=evaluation.ort.get(t),
@@ -185,20 +194,26 @@ def chosen_note(summary: dict[str, dict], chosen: str) -> str | None:
             f"consider method='{best}' (--method {best}) if your toolchain can use its ranges")
 
 
-def resolve_feeds(loaded, data: Any, seed: int, shapes: dict | None, what: str) -> list[dict[str, np.ndarray]]:
-    """Checked feeds from ``data`` (see :func:`calibrate`)."""
-    from ..inputs import check_feeds, random_feeds
+def resolve_feeds(loaded, data: Any, seed: int, shapes: dict | None, what: str,
+                  preprocess: str | Callable | None = None) -> list[dict[str, np.ndarray]] | FeedStream:
+    """Checked feeds from ``data`` (see :func:`calibrate`): a list, or a :class:`FeedStream` for datasets."""
+    from ..inputs import random_feeds
 
     if isinstance(data, bool) or data is None:
         raise CalibrationError(f"{what}: give feeds or a number of random feeds, not {data!r}")
     if isinstance(data, (int, np.integer)):
         if data < 1:
             raise CalibrationError(f"{what}: {data} random feeds is not a positive number", "give N >= 1")
+        if preprocess is not None and what == "data":
+            raise CalibrationError(f"preprocess applies to a dataset, not to {data} random feeds",
+                                   "pass a folder of images (or an iterable) as data, or drop preprocess")
         return random_feeds(loaded.proto, seed=seed, count=int(data), shapes=shapes)
-    feeds = check_feeds(loaded.proto, data)
-    if not feeds:
-        raise CalibrationError(f"{what} holds no feeds", "give at least one feed")
-    return feeds
+    return as_feeds(loaded, data, preprocess=preprocess, what=what)
+
+
+def _provenance(stream: FeedStream) -> dict:
+    """Where a streamed dataset came from and a hash of its samples' content hashes, in order."""
+    return {**stream.describe, "count": len(stream), "sha256": stream.digest}
 
 
 def _check_ort_bins(n) -> int:

@@ -23,7 +23,9 @@ RTOL = 1e-6
 def save_calibration_bundle(report: CalibrationReport, dest: str | os.PathLike, *, model: Any = None,
                             zip: bool = False, copy_model: bool = True, overwrite: bool = False) -> Path:
     """Save ``report`` with its model, the exact calibration/evaluation feeds and options as a bundle that
-    ``workbench rerun`` recollects. ``model`` defaults to the model the report was computed on."""
+    ``workbench rerun`` recollects. ``model`` defaults to the model the report was computed on. Data calibrate()
+    streamed from a dataset is read again, one sample at a time, and written as it was checked (the rerun needs no
+    preprocessing); a dataset that changed since calibrate() is refused."""
     if not report.used_feeds:
         raise BundleError("this calibration report keeps no feeds (read back from JSON?)",
                           "save the bundle right after calibrate(), in the same session")
@@ -38,9 +40,11 @@ def save_calibration_bundle(report: CalibrationReport, dest: str | os.PathLike, 
         m = writer.manifest
         m["model"] = writer.add_model("model", model, copy=copy_model, expected_sha=report.model.sha256)
         m["calibrate"] = {k: report.config.get(k) for k in OPTIONS}
-        m["feeds"] = {"count": len(report.used_feeds), "files": writer.add_feeds("inputs", report.used_feeds)}
+        m["feeds"] = {"count": len(report.used_feeds), "files": writer.add_feeds("inputs", report.used_feeds),
+                      **_source(report.used_feeds)}
         evals = report.used_eval_feeds
-        m["eval_feeds"] = None if not evals else {"count": len(evals), "files": writer.add_feeds("eval_inputs", evals)}
+        m["eval_feeds"] = None if not evals else {"count": len(evals), "files": writer.add_feeds("eval_inputs", evals),
+                                                  **_source(evals)}
         m["results"] = writer.add_json(RESULTS, report.to_json())
         return writer.commit()
     except BaseException:
@@ -88,14 +92,34 @@ class CalibrationRerun:
         return "\n".join(lines)
 
 
-def _feeds(b: Bundle, section: str) -> list | None:
+def _source(feeds) -> dict:
+    """The dataset a stream of feeds came from (for the manifest), else nothing."""
+    from .feeds import FeedStream
+
+    if not isinstance(feeds, FeedStream):
+        return {}
+    return {"source": {**feeds.describe, "sha256": feeds.digest}}
+
+
+def _feeds(b: Bundle, section: str):
+    """The bundle's feeds of ``section`` as a dataset read one file at a time (None when the section is empty)."""
+    from ..dataset.source import Dataset, Sample, hash_feed
+
     entry = b.manifest.get(section)
     if entry is None:
         return None
     files = entry.get("files") if isinstance(entry, dict) else None
     if not isinstance(files, list) or not files:
         raise BundleError(f"{b.source.name}: manifest '{section}' lists no files")
-    return [load_npz(confined(b.root, f, f"manifest '{section}'"), f"{b.source.name}: {f}") for f in files]
+    paths = [confined(b.root, f, f"manifest '{section}'") for f in files]
+
+    def items():
+        for i, (f, path) in enumerate(zip(files, paths)):
+            feed = load_npz(path, f"{b.source.name}: {f}")
+            yield Sample(i, str(f), feed, hash_feed(feed))
+
+    return Dataset({"kind": "bundle", "bundle": b.source.name, "section": section, "count": len(files)}, items,
+                   len(files))
 
 
 def rerun_calibration(b: Bundle, *, model: str | os.PathLike | None = None) -> CalibrationRerun:

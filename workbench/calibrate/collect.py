@@ -8,15 +8,20 @@ those tensors, and runs every feed. Sessions run the graph as written (no graph 
 calibrator), so which tensors share a chunk cannot change fusions and values: results do not depend on the
 budget. Each array updates its histogram and is dropped at once: memory is one
 feed's worth of one chunk plus two small histograms per tensor, whatever the number of feeds.
+
+``feeds`` is read once per chunk (twice with ONNX Runtime's histograms: its second pass needs pass one's range),
+never held: a list, or a :class:`~workbench.calibrate.feeds.FeedStream` that reads a dataset sample by sample on
+every pass. The graph inputs' histograms ride along the first chunk's passes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -71,7 +76,7 @@ def _is_float(info) -> bool:
 
 def collect(
     model: LoadedModel,
-    feeds: list[dict[str, np.ndarray]],
+    feeds: Sequence[dict[str, np.ndarray]],
     tensors: list[str],
     *,
     num_bins: int = 2048,
@@ -89,17 +94,13 @@ def collect(
     from ..engines import get_engine
 
     start = time.perf_counter()
+    count = len(feeds)
     engine = engine or get_engine("ort", graph_optimization="disable")
-    out = Collection({t: TensorHistogram.empty(num_bins) for t in tensors}, feeds=len(feeds))
+    out = Collection({t: TensorHistogram.empty(num_bins) for t in tensors}, feeds=count)
     if trt or ort:
         out.trt = {t: GrowingHistogram(num_bins) for t in tensors}
     graph_inputs = set(model.graph.inputs)
     inputs = [t for t in tensors if t in graph_inputs]
-    for feed in feeds:
-        for name in inputs:
-            _update(out, name, feed.get(name))
-    if ort:
-        _second_pass(out, inputs, [{n: f.get(n) for n in inputs} for f in feeds], num_bins, ort_entropy_bins)
     marked = [t for t in tensors if t not in graph_inputs]
     # one feed's arrays of a chunk, plus the temporaries of one histogram update (~3 arrays of the largest)
     sizes = tensor_bytes(model.proto, feeds[0]) if marked else {}
@@ -108,7 +109,8 @@ def collect(
     if len(groups) > 1:
         log.info("%d tensors collected in %d chunks to stay under the memory budget", len(marked), len(groups))
     passes = 2 if ort else 1
-    steps = max(1, len(groups) * len(feeds) * passes)
+    rounds = max(1, len(groups))
+    steps = max(1, rounds * count * passes)
     done = 0
 
     def tick(gi: int, fi: int, what: str) -> None:
@@ -116,28 +118,36 @@ def collect(
             raise Cancelled("calibration cancelled")
         if progress is not None:
             progress(span[0] + (span[1] - span[0]) * done / steps,
-                     f"chunk {gi + 1}/{len(groups)}: {what} feed {fi + 1}/{len(feeds)}")
+                     f"chunk {gi + 1}/{rounds}: {what} feed {fi + 1}/{count}")
 
     # two workers: each update holds ~3 temporaries of its tensor, which the chunk budget leaves room for twice
     pool = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="calibrate")
     try:
-        for gi, group in enumerate(groups):
-            with engine.prepare(model.proto, group) as session:
+        for gi, group in enumerate(groups or [[]]):
+            riders = inputs if gi == 0 else []  # graph inputs ride along the first chunk's passes over the feeds
+            names = riders + group
+            with contextlib.ExitStack() as stack:
+                session = stack.enter_context(engine.prepare(model.proto, group)) if group else None
+
+                def values_of(feed, session=session, riders=riders) -> dict:
+                    values = session.run(feed) if session is not None else {}
+                    return {**{n: feed.get(n) for n in riders}, **values}
+
                 for fi, feed in enumerate(feeds):
                     tick(gi, fi, "")
-                    values = session.run(feed)
-                    list(pool.map(lambda name, values=values: _update(out, name, values.get(name)), group))
+                    values = values_of(feed)
+                    list(pool.map(lambda name, values=values: _update(out, name, values.get(name)), names))
                     del values
                     done += 1
                 if ort:
-                    def replay(session=session, gi=gi):
+                    def replay(gi=gi, values_of=values_of):
                         nonlocal done
                         for fi, feed in enumerate(feeds):
                             tick(gi, fi, "ONNX Runtime histograms,")
                             done += 1
-                            yield session.run(feed)
+                            yield values_of(feed)
 
-                    _second_pass(out, group, replay(), num_bins, ort_entropy_bins, pool)
+                    _second_pass(out, names, replay(), num_bins, ort_entropy_bins, pool)
     finally:
         pool.shutdown(cancel_futures=True)
     for name in out.skipped:

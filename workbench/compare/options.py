@@ -10,6 +10,8 @@ from typing import Any
 from ..errors import WorkbenchError
 
 MODES = ("auto", "all", "bisect")
+#: "all": every tensor both sides have; "fused": only the candidate engine's fused-group boundaries
+GRANULARITIES = ("all", "fused")
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,8 @@ class CompareOptions:
     ``criterion``: text (``"sqnr_db<30"``) or None for the default of the lossier side's inferred precision.
     ``fail_on_internal_dips``: count internal tensors under the criterion as a divergence (for CI gates).
     ``impact``: how many top culprits get their impact on the outputs measured (0: none).
+    ``granularity``: "all" compares every tensor; "fused" only those the candidate engine's own graph holds (its
+    fused-group boundaries, see :mod:`workbench.engine_graphs.granularity`), so marking them leaves fusion alone.
     """
 
     mode: str = "auto"
@@ -38,11 +42,14 @@ class CompareOptions:
     isolate: bool | None = None
     timeout_s: float | None = None
     engine_options: dict[str, dict] = field(default_factory=dict)
+    granularity: str = "all"
     calibration_feeds: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise WorkbenchError(f"unknown mode {self.mode!r}", f"use one of {', '.join(MODES)}")
+        if self.granularity not in GRANULARITIES:
+            raise WorkbenchError(f"unknown granularity {self.granularity!r}", f"use one of {', '.join(GRANULARITIES)}")
         for name, lo in (("feed_count", 1), ("max_culprits", 0), ("impact", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:

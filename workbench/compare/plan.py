@@ -118,6 +118,11 @@ class ComparisonPlan:
             Criterion.parse(given) if given else Criterion.default_for(self.family))
         # pairs, boundaries, feeds, floors
         self.pairs = pair_tensors(self.ref_graph, self.cand_inferred, self.views)
+        self.granularity: dict = {}
+        if opts.granularity == "fused":  # only the candidate engine's fused-group boundaries
+            from ..engine_graphs.granularity import restrict
+
+            self.pairs, self.granularity = restrict(self)
         self.ref_inputs = set(self.ref_graph.inputs)
         self.known = {p.candidate: p.tensor for p in self.pairs}
         self.known |= {i.name: i.name for i in self.cand_model.graph.input if i.name in self.ref_inputs}

@@ -68,6 +68,9 @@ class Culprit:
     #: what fixing it does to the outputs: {"gain": {output: gain in dB}, "best_gain_db", "harmless": bool,
     #: "fixed": "how the fix was applied"} (None: not measured)
     impact: dict[str, Any] | None = None
+    #: at granularity "fused": the candidate engine's node this error belongs to, {"engine_node", "kind",
+    #: "onnx_nodes"} (the culprit ran as that whole group)
+    group: dict[str, Any] | None = None
 
     @property
     def harmless(self) -> bool:
@@ -84,6 +87,8 @@ class Culprit:
             doc["beyond_floor"] = encode_float(self.beyond_floor)
         if self.impact is not None:
             doc["impact"] = _encode_impact(self.impact)
+        if self.group is not None:
+            doc["group"] = self.group
         return doc
 
     @classmethod
@@ -97,7 +102,8 @@ class Culprit:
                    decode_metrics(d["introduced"]), decode_metrics(d["received"]),
                    bool(d.get("introduces_divergence", True)), d.get("explanation", ""),
                    decode_metrics(d["floor"]) if isinstance(d.get("floor"), dict) else None,
-                   decode_float(d.get("beyond_floor")), impact if isinstance(impact, dict) else None)
+                   decode_float(d.get("beyond_floor")), impact if isinstance(impact, dict) else None,
+                   d.get("group") if isinstance(d.get("group"), dict) else None)
 
 
 def _encode_impact(impact: dict) -> dict:
@@ -128,6 +134,9 @@ class CompareResult:
     precision: dict = field(default_factory=dict)
     #: internal tensors under the criterion count as a divergence too (a CI gate)
     fail_on_internal_dips: bool = False
+    #: at granularity "fused": {"mode", "engine", "compared", "unobservable": [{"tensor", "node", "op_type",
+    #: "reason"}], "groups": {tensor: group}, "fusion_check"} (empty: every tensor was compared)
+    granularity: dict = field(default_factory=dict)
     #: not serialised (None/empty after ``from_json``): the feeds compare() used and the options it ran with,
     #: what :func:`workbench.report.save_bundle` needs to make the comparison rerunnable
     used_feeds: list | None = field(default=None, repr=False, compare=False)
@@ -221,6 +230,7 @@ class CompareResult:
             "variant": self.variant,
             "feeds": self.feeds,
             "notes": self.notes,
+            **({"granularity": self.granularity} if self.granularity else {}),
         }
 
     @classmethod
@@ -237,6 +247,7 @@ class CompareResult:
             notes=list(doc.get("notes", [])), outputs=list(doc.get("outputs", [])),
             precision=dict(doc.get("precision") or {}),
             fail_on_internal_dips=bool((doc.get("verdict") or {}).get("fail_on_internal_dips", False)),
+            granularity=dict(doc.get("granularity") or {}),
         )
 
     def save_json(self, path: str | Path) -> Path:

@@ -12,7 +12,7 @@ from .explain import explain
 from .floor import Floors
 from .impact import measure_impact
 from .result import CompareResult, Culprit, TensorResult
-from .strategies import Context, Measured, run_all, run_bisect
+from .strategies import Context, Measured, Ticker, run_all, run_bisect
 
 
 def run_plan(plan, steps: Steps) -> CompareResult:
@@ -42,7 +42,9 @@ def run_plan(plan, steps: Steps) -> CompareResult:
     t1 = time.perf_counter()
     flagged = [c for c in culprits if c.introduces_divergence][:opts.impact]
     if flagged and opts.culprits:
-        ctx.builds += measure_impact(plan, flagged, notes, steps.span(0.85, 1.0))
+        with Ticker(steps.span(0.85, 1.0), 0.0, 1.0, f"measuring what fixing {len(flagged)} culprit(s) gains",
+                    max(1.0, timing.get("layerwise_s", 1.0) / 2)) as tick:
+            ctx.builds += measure_impact(plan, flagged, notes, tick)
         culprits = ranking.rank(culprits, crit)
     timing["impact_s"] = time.perf_counter() - t1
     flagged = [c for c in culprits if c.introduces_divergence]
@@ -60,6 +62,10 @@ def run_plan(plan, steps: Steps) -> CompareResult:
         outputs=list(plan.ref_graph.outputs), precision=plan.precision_json(),
         fail_on_internal_dips=opts.fail_on_internal_dips,
     )
+    if getattr(plan, "granularity", None):  # fused: errors attributed to the engine's groups
+        from ..engine_graphs.granularity import attribute
+
+        attribute(result, plan)
     result.used_feeds = plan.feeds
     result.plan = plan
     result.run_options = _run_options(plan)

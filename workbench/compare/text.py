@@ -52,6 +52,11 @@ def render(result: CompareResult, max_rows: int = 25) -> str:
         if p:
             lines.append(f"{side} precision: {p['precision']} ({p.get('precision_source', '')})")
     lines.append(f"criterion: {result.criterion.describe()}")
+    if result.granularity:  # fused: only the candidate engine's group boundaries were compared
+        g = result.granularity
+        lines.append(f"granularity: fused, the {g.get('engine')} engine's group boundaries ({g.get('compared')} "
+                     f"tensors; {len(g.get('unobservable', []))} inside fused nodes or folded: JSON "
+                     "granularity.unobservable)")
     verdict = result.verdict()
     lines.append(f"verdict: {'DIVERGED' if result.diverged else 'ok'} -- {verdict['reason']}")
     for t in result.output_results:

@@ -9,6 +9,7 @@ _LAZY = {
     "compare_dataset": "workbench.dataset.api",
     "DatasetResult": "workbench.dataset.result",
     "open_dataset": "workbench.dataset.source",
+    "sample_at": "workbench.dataset.source",
     "Dataset": "workbench.dataset.source",
     "parse_metric": "workbench.dataset.metrics",
     "ExecutorSpec": "workbench.dataset.executors",

@@ -79,15 +79,44 @@ def run_samples(job: Job, chunks: Iterable[Chunk], spec: ExecutorSpec, steps: St
         return
     backend = _Processes(spec.workers) if spec.kind == "processes" else _Ray(spec)
     try:
-        yield from _ordered(backend, job, iter(chunks), spec.workers, steps, notes)
+        yield from _ordered(backend, backend.share(job), iter(chunks), spec.workers, steps, notes)
     finally:
         backend.close()
 
 
-def _ordered(backend, job: Job, chunks: Iterator[Chunk], workers: int, steps: Steps,
-             notes: list[str]) -> Iterator[SampleRecord]:
+class WorkerPool:
+    """Local processes or Ray kept across several batches of work (repair's search rounds): started once, each
+    job shared once. ``fn(job, chunk) -> list`` runs in the workers (a module-level function); :meth:`map` yields
+    its results in chunk order, with the same retry-once and Cancel as :func:`run_samples`. ``what`` names the
+    items in notes and errors."""
+
+    def __init__(self, spec: ExecutorSpec, fn: Callable = evaluate_chunk, what: str = "samples"):
+        if spec.kind == "serial":
+            raise ValueError("a WorkerPool needs processes or Ray")
+        self.spec, self.what = spec, what
+        self.backend = _Processes(spec.workers, fn) if spec.kind == "processes" else _Ray(spec, fn)
+        self._shared: dict = {}
+
+    def map(self, job, chunks: Iterable[Chunk], steps: Steps, notes: list[str] | None = None) -> Iterator:
+        if job.key not in self._shared:
+            self._shared[job.key] = self.backend.share(job)
+        yield from _ordered(self.backend, self._shared[job.key], iter(chunks), self.spec.workers, steps,
+                            notes if notes is not None else [], self.what)
+
+    def close(self) -> None:
+        self._shared.clear()
+        self.backend.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _ordered(backend, job_handle, chunks: Iterator[Chunk], workers: int, steps: Steps,
+             notes: list[str], what: str = "samples") -> Iterator[SampleRecord]:
     queue: collections.deque[_Pending] = collections.deque()
-    job_handle = backend.share(job)
     exhausted = False
     while True:
         while not exhausted and len(queue) < 2 * workers:
@@ -106,22 +135,23 @@ def _ordered(backend, job: Job, chunks: Iterator[Chunk], workers: int, steps: St
             except TimeoutError:
                 continue
             except _WorkerDied as died:
-                _retry(backend, job_handle, queue, died, notes)
+                _retry(backend, job_handle, queue, died, notes, what)
                 continue
             break
         queue.popleft()
         yield from result
 
 
-def _retry(backend, job_handle, queue: collections.deque[_Pending], died: _WorkerDied, notes: list[str]) -> None:
+def _retry(backend, job_handle, queue: collections.deque[_Pending], died: _WorkerDied, notes: list[str],
+           what: str = "samples") -> None:
     """A worker died: every chunk it may have held runs again, once."""
     head = queue[0]
     first, last = head.chunk[0][0], head.chunk[-1][0]
     if head.attempts >= 2:
-        raise EngineCrashedError(f"a worker died twice evaluating samples {first}-{last} ({died})",
-                                 "run those samples serially (no --workers/--executor) to see the error",
+        raise EngineCrashedError(f"a worker died twice evaluating {what} {first}-{last} ({died})",
+                                 f"run those {what} serially (no --workers/--executor) to see the error",
                                  engine="dataset worker")
-    notes.append(f"a worker died evaluating samples {first}-{last} ({died}); retried once")
+    notes.append(f"a worker died evaluating {what} {first}-{last} ({died}); retried once")
     log.warning(notes[-1])
     backend.restart()
     for p in queue:
@@ -137,8 +167,8 @@ class _WorkerDied(Exception):
 class _Processes:
     """A pool of spawned local processes (fork is unsafe once engine threads run)."""
 
-    def __init__(self, workers: int):
-        self.workers = workers
+    def __init__(self, workers: int, fn: Callable = evaluate_chunk):
+        self.workers, self.fn = workers, fn
         self.pool = self._pool()
 
     def _pool(self):
@@ -152,7 +182,7 @@ class _Processes:
 
     def submit(self, job, chunk: Chunk):
         with _bare_main():
-            return self.pool.submit(evaluate_chunk, job, chunk)
+            return self.pool.submit(self.fn, job, chunk)
 
     def result(self, future, timeout: float):
         from concurrent.futures import TimeoutError as FutureTimeout
@@ -197,7 +227,7 @@ def _bare_main():
 class _Ray:
     """Ray tasks (one CPU each) on a local Ray it starts and stops, or on a running cluster (``ray://``)."""
 
-    def __init__(self, spec: ExecutorSpec):
+    def __init__(self, spec: ExecutorSpec, fn: Callable = evaluate_chunk):
         try:
             import ray
         except ImportError:
@@ -216,7 +246,8 @@ class _Ray:
                                  f"{type(e).__name__}: {e}", "check the address and that the cluster runs the same "
                                  "Ray and Python versions") from None
             self.started = True
-        self.remote = ray.remote(num_cpus=1, max_retries=0)(evaluate_chunk)
+        self.remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+        self.pending: set = set()
 
     def share(self, job: Job):
         from dataclasses import replace
@@ -232,13 +263,16 @@ class _Ray:
         return self.ray.put(replace(job, ref_model=shipped(job.ref_model), cand_model=shipped(job.cand_model)))
 
     def submit(self, job_ref, chunk: Chunk):
-        return self.remote.remote(job_ref, chunk)
+        ref = self.remote.remote(job_ref, chunk)
+        self.pending.add(ref)
+        return ref
 
     def result(self, ref, timeout: float):
         ray = self.ray
         ready, _ = ray.wait([ref], timeout=timeout)
         if not ready:
             raise TimeoutError
+        self.pending.discard(ref)
         try:
             return ray.get(ref)
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
@@ -265,6 +299,13 @@ class _Ray:
         pass
 
     def close(self) -> None:
+        """Cancel what is still queued or running (a cancelled or failed run), then stop a Ray this started."""
+        for ref in self.pending:
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - finished meanwhile, or the cluster is gone: nothing to stop
+                pass
+        self.pending.clear()
         if self.started:
             self.ray.shutdown()
 

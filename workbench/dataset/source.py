@@ -15,7 +15,7 @@ import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,10 +43,11 @@ class Sample:
 
 class Dataset:
     """A re-iterable stream of :class:`Sample`. ``len()`` is known for folders and sized Python objects (None
-    otherwise: :attr:`size`)."""
+    otherwise: :attr:`size`). ``at(index)``, when given, reads one sample directly (see :func:`sample_at`)."""
 
-    def __init__(self, describe: dict, items: Callable[[], Iterable[Sample]], size: int | None):
-        self.describe, self._items, self.size = describe, items, size
+    def __init__(self, describe: dict, items: Callable[[], Iterable[Sample]], size: int | None,
+                 at: Callable[[int], Sample] | None = None):
+        self.describe, self._items, self.size, self._at = describe, items, size, at
 
     def __iter__(self) -> Iterator[Sample]:
         return iter(self._items())
@@ -64,6 +65,22 @@ class Dataset:
                 break
             out.append(sample)
         return out
+
+
+def sample_at(dataset: Dataset, index: int) -> Sample:
+    """Sample ``index`` of ``dataset`` read again (a result keeps no arrays): directly for folders and Python
+    sequences, else by reading the stream up to it. Its ``sha256`` tells whether it is still the sample a run saw."""
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0 or \
+            (dataset.size is not None and index >= dataset.size):
+        raise InputError(f"no sample {index!r} in this dataset"
+                         + (f" of {dataset.size}" if dataset.size is not None else ""),
+                         "pass a sample index from the result (its samples' 'index')")
+    if dataset._at is not None:
+        return dataset._at(index)
+    for sample in dataset:
+        if sample.index == index:
+            return sample
+    raise InputError(f"no sample {index} in this dataset: it ended earlier", "pass an index from the result")
 
 
 def hash_feed(feed: Mapping[str, np.ndarray]) -> str:
@@ -127,15 +144,22 @@ def open_dataset(obj: Any, *, preprocess: str | Callable | None = None,
     kind = type(obj).__name__
     described = {"kind": "python", "type": kind, "preprocess": _name_of(preprocess)}
 
+    def make(i: int, item: Any) -> Sample:
+        feed = _as_feed(fn(item) if fn else item, names, f"sample {i}")
+        return Sample(i, f"{kind}[{i}]", feed, hash_feed(feed))
+
     def items() -> Iterator[Sample]:
         for i, item in enumerate(obj):
-            feed = _as_feed(fn(item) if fn else item, names, f"sample {i}")
-            yield Sample(i, f"{kind}[{i}]", feed, hash_feed(feed))
+            yield make(i, item)
 
     if size is None and iter(obj) is obj:  # a generator: readable once
         once = _Once(items)
         return Dataset(described, once, None)
-    return Dataset(described, items, size)
+
+    def at(i: int) -> Sample:
+        return make(i, obj[i])
+
+    return Dataset(described, items, size, at if isinstance(obj, Sequence) else None)
 
 
 class _Once:
@@ -176,24 +200,28 @@ def _folder(folder: Path, fn: Callable | None, names: list[str], preprocess_ref:
     described = {"kind": kind, "folder": str(folder.resolve()), "count": len(files), "preprocess": preprocess_ref
                  or _name_of(fn)}
 
-    def items() -> Iterator[Sample]:
+    def read(i: int) -> Sample:
         from ..inputs.files import _load_npz
 
-        for i, f in enumerate(files):
-            data = _read(f)
-            digest = hashlib.sha256(data).hexdigest()
-            if fn is None:
-                feed = _load_npz(f, max_bytes=2 * 1024**3)
-            else:
-                try:
-                    raw = fn(str(f))
-                except Exception as e:  # noqa: BLE001 - user code: name the sample and the error in one line
-                    raise InputError(f"preprocess failed on {f.name}: {type(e).__name__}: {e}",
-                                     "fix the preprocessing function (it takes a file path)") from None
-                feed = _as_feed(raw, names, f.name)
-            yield Sample(i, f.name, feed, digest)
+        f = files[i]
+        data = _read(f)
+        digest = hashlib.sha256(data).hexdigest()
+        if fn is None:
+            feed = _load_npz(f, max_bytes=2 * 1024**3)
+        else:
+            try:
+                raw = fn(str(f))
+            except Exception as e:  # noqa: BLE001 - user code: name the sample and the error in one line
+                raise InputError(f"preprocess failed on {f.name}: {type(e).__name__}: {e}",
+                                 "fix the preprocessing function (it takes a file path)") from None
+            feed = _as_feed(raw, names, f.name)
+        return Sample(i, f.name, feed, digest)
 
-    return Dataset(described, items, len(files))
+    def items() -> Iterator[Sample]:
+        for i in range(len(files)):
+            yield read(i)
+
+    return Dataset(described, items, len(files), read)
 
 
 def _read(path: Path) -> bytes:

@@ -3,15 +3,22 @@
 Steps: compare (culprits ranked, impact measured) -> pool of culprits -> search (grow, binary search, shrink to
 1-minimal) -> build the repaired model -> verify it on the candidate engine and on an independent one -> check
 it with onnx's checker -> save it atomically.
+
+Feeds may be a dataset (a folder of .npz, a folder of images with ``preprocess``, a generator, a DataLoader): every
+candidate build runs on all of them, so they are read into memory once, and refused with the numbers when they
+exceed the memory budget. The search's candidate evaluations may run on local worker processes or Ray
+(``workers``/``executor``; see :mod:`workbench.repair.parallel` and :mod:`workbench.repair.search`) with the
+serial result.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +26,7 @@ import onnx
 
 from ..compare.plan import ComparisonPlan
 from ..core.progress import Progress, Steps
-from ..errors import EngineRunError, EngineUnavailableError
+from ..errors import EngineRunError, EngineUnavailableError, InputError
 from .evaluate import Evaluator
 from .graph import RepairError
 from .islands import IslandBuilder
@@ -38,7 +45,8 @@ BATCH = ("auto", "switch", "build")
 def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, cand_model: Any = None,
            feeds: Any = None, target: str | None = None, metric: Any = None, out: str | os.PathLike | None = None,
            nodes: Sequence[str] | None = None, max_builds: int = 40, max_pool: int = 64, batch: str = "auto",
-           verify: str | None = "ref", progress: Progress | None = None, cancel: threading.Event | None = None,
+           verify: str | None = "ref", preprocess: str | Callable | None = None, workers: int = 1,
+           executor: str | None = None, progress: Progress | None = None, cancel: threading.Event | None = None,
            **compare_options: Any) -> RepairResult:
     """Find a small set of nodes to keep in reference precision so that ``candidate`` meets ``target``.
 
@@ -52,11 +60,22 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     ``max_builds``: cap on candidate builds by the search. ``batch``: "auto" (one switchable model for FP16/BF16
     candidates, a build per set for Q/DQ ones), "switch" or "build". ``verify``: the independent engine the
     repaired model is checked on besides the candidate's ("ref": numpy in the model's own types; None: skip).
-    Other keywords are compare() options (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``,
-    ``impact``, ...). Raises :class:`~workbench.repair.graph.RepairError` (a WorkbenchError) on bad input.
+    ``feeds``: feeds as compare() takes them, or a dataset (a folder of .npz, a folder of images with
+    ``preprocess`` -- ``module:function`` or ``file.py:function`` taking an image path --, a
+    :class:`~workbench.dataset.source.Dataset`, a generator, a DataLoader), read into memory within the memory
+    budget. ``workers``/``executor``: evaluate the search's candidate sets on N local processes or on Ray
+    (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. Other keywords are compare() options
+    (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``, ``impact``, ``memory_budget``, ...).
+    Raises :class:`~workbench.repair.graph.RepairError` (a WorkbenchError) on bad input.
     """
+    from ..calibrate.feeds import is_dataset
+    from ..dataset.executors import ExecutorSpec
+
     t0 = time.perf_counter()
     steps = Steps(progress, cancel)
+    spec = ExecutorSpec.parse(executor, workers)
+    if spec.kind == "ray":
+        _check_ray()
     if batch not in BATCH:
         raise RepairError(f"unknown batch mode {batch!r}", f"use one of {', '.join(BATCH)}")
     if isinstance(max_builds, bool) or not isinstance(max_builds, int) or max_builds < 1:
@@ -72,18 +91,79 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
         load_metric(metric)  # an unknown module fails before the comparison
     for key, value in COMPARE_DEFAULTS.items():
         compare_options.setdefault(key, value)
+    source = None
+    if feeds is None and preprocess is not None:
+        raise RepairError("preprocess applies to a dataset, and no feeds were given",
+                          "pass feeds= a folder of images (--inputs DIR), or drop preprocess")
+    if feeds is not None and is_dataset(feeds, preprocess):
+        model, source, feeds = _dataset_feeds(model, feeds, preprocess, compare_options)
     plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, **compare_options)
     try:
+        if source is not None:
+            plan.feed_info = source
         if nodes is not None:  # unknown names fail before the comparison
             nodes = IslandBuilder(plan.cand_model, plan.ref_model).check(nodes)
         return _repair(plan, steps, t0, target=target, metric=metric, out_path=out_path, nodes=nodes,
-                       max_builds=max_builds, max_pool=max_pool, batch=batch, verify=verify, cancel=cancel)
+                       max_builds=max_builds, max_pool=max_pool, batch=batch, verify=verify, cancel=cancel,
+                       spec=spec)
     finally:
         plan.close()
 
 
+def _check_ray() -> None:
+    """Ray missing fails before the comparison, in one line."""
+    import importlib.util
+
+    from ..dataset.executors import RAY_HINT
+
+    if importlib.util.find_spec("ray") is None:
+        raise InputError("Ray is not installed", RAY_HINT)
+
+
+def _dataset_feeds(model: Any, data: Any, preprocess: Any, options: dict) -> tuple[Any, dict, list[dict]]:
+    """(model, feed provenance, checked feeds) of a dataset, read into memory sample by sample and refused (one
+    InputError with the numbers) as soon as the feeds exceed the memory budget. A model file is loaded once here
+    and handed on loaded."""
+    from .._files import human_size
+    from ..core.budget import parse_size
+    from ..dataset.source import open_dataset
+    from ..inputs import check_feeds
+    from ..model.load import LoadedModel, is_torch_module, load_model
+
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, example_inputs=options.get(
+        "example_inputs"))
+    initializers = {t.name for t in loaded.proto.graph.initializer}
+    names = [i.name for i in loaded.proto.graph.input if i.name not in initializers]
+    dataset = open_dataset(data, preprocess=preprocess, input_names=names)
+    given = options.get("memory_budget")
+    budget = parse_size(given)
+    feeds: list[dict] = []
+    total = 0
+    for sample in dataset:
+        try:
+            feed = check_feeds(loaded.proto, [sample.feed])[0]
+        except InputError as e:
+            raise InputError(f"sample {sample.index} ({sample.source}): {e.message}", e.hint) from None
+        feeds.append(feed)
+        total += sum(int(v.nbytes) for v in feed.values())
+        if total > budget:
+            size = dataset.size
+            whole = f"; all {size} would take about {human_size(total * size // len(feeds))}" if size else ""
+            raise InputError(
+                f"repair holds every feed in memory (each candidate build runs on all of them): the first "
+                f"{len(feeds)}{f' of {size}' if size else ''} samples already take {human_size(total)}, over the "
+                f"memory budget of {human_size(budget)}{'' if given is not None else ' (default)'}{whole}",
+                "repair on a subset of the dataset (a folder with fewer samples), or raise --memory-budget "
+                "(memory_budget=)")
+    if not feeds:
+        raise InputError("the dataset holds no samples", "check the folder or the iterable")
+    source = {"source": dataset.describe.get("folder") or dataset.describe.get("type") or "dataset",
+              "count": len(feeds), "dataset": dataset.describe}
+    return (model if is_torch_module(model) else loaded), source, feeds
+
+
 def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, max_builds, max_pool, batch, verify,
-            cancel) -> RepairResult:
+            cancel, spec) -> RepairResult:
     timing: dict[str, float] = {}
     notes: list[str] = []
     result = plan.run(progress=steps.span(0.0, 0.45), cancel=cancel)
@@ -94,7 +174,14 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     cand_outputs = {o.name for o in plan.cand_model.graph.output}
     outputs = [(o, o if o in cand_outputs else plan.candidate_name(o)) for o in plan.ref_graph.outputs]
     t1 = time.perf_counter()
-    ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85))
+    workers = scratch = None
+    if spec.kind != "serial":
+        from .parallel import RepairWorkers
+
+        scratch = tempfile.TemporaryDirectory(prefix="workbench-repair-")
+        workers = RepairWorkers(plan, builder, [c for _, c in outputs], spec, scratch.name)
+    ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85),
+                   workers=workers)
     try:
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
@@ -110,6 +197,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             final, repaired = _verify_on_candidate(ev, builder, kept)
     finally:
         ev.close()
+        if workers is not None:
+            ev.notes += workers.notes
+            workers.close()
+            scratch.cleanup()
     if kept is None:
         notes.append("no set of the pool met the target: reporting the closest set found")
         kept = final.kept
@@ -138,7 +229,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         weights=weights, checker=checker, model_path=path, kind=builder.kind,
         timing={k: round(v, 3) for k, v in timing.items()}, notes=notes,
         builds_detail={"search": ev.search_builds, **by_role, "comparison": result.builds},
-        model=repaired, plan=plan)
+        executor=spec.describe(), model=repaired, plan=plan)
     if not pool and nodes is None:
         res.notes.append("the comparison flagged no culprit to keep")
     return res

@@ -6,6 +6,11 @@ Two ways to run a set: build a model for it (one candidate build each), or, for 
 inputs (:meth:`IslandBuilder.switchable`): a search then costs one build and a run per set. Q/DQ candidates
 always build: engines fuse Q/DQ patterns (ORT's QLinear kernels, TensorRT's INT8 layers) and the switch's
 selections would break those fusions, so a switchable model would not compute what the repaired one does.
+
+With workers (:mod:`workbench.repair.parallel`), :meth:`Evaluator.prefetch` evaluates the sets the search may ask
+for next side by side; :meth:`Evaluator.evaluate` then commits a prefetched outcome when the search asks for its set,
+in the search's own order, counting builds and judging exactly as a serial evaluation. Sets the search never asks
+for are dropped uncounted: the evaluations, builds and verdicts are the serial ones.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +61,7 @@ class Evaluator:
     "build". ``outputs``: (reference name, candidate name) of the graph outputs judged."""
 
     def __init__(self, plan, builder: IslandBuilder, target: Target, outputs: list[tuple[str, str]], *,
-                 max_builds: int = 40, batch: str = "auto", step=None):
+                 max_builds: int = 40, batch: str = "auto", step=None, workers=None):
         self.plan, self.builder, self.target, self.outputs = plan, builder, target, outputs
         self.max_builds = max_builds
         self.batch = batch if batch != "auto" else ("switch" if builder.kind == "float" else "build")
@@ -67,7 +73,14 @@ class Evaluator:
         self._switch = None  # (session, flags)
         self._pool: tuple[str, ...] = ()
         self.notes: list[str] = []
+        self.workers = workers  # RepairWorkers, or None: evaluate here
+        self._ahead: dict[tuple[frozenset, str], Any] = {}  # prefetched outcomes by (set, how), not yet committed
         self.ref_outputs = self._reference()
+
+    @property
+    def width(self) -> int:
+        """How many sets one prefetch evaluates side by side (1: serial)."""
+        return self.workers.width if self.workers is not None else 1
 
     # --- reference ------------------------------------------------------------------------------------------
     def _reference(self) -> list[dict[str, np.ndarray]]:
@@ -98,6 +111,39 @@ class Evaluator:
         self._switch, self._pool = (session, flags), tuple(pool)
         return True
 
+    def _how(self, key: frozenset) -> str:
+        return "switch" if self._switch is not None and key <= set(self._pool) else "build"
+
+    def prefetch(self, sets: Sequence[Sequence[str]]) -> None:
+        """With workers: evaluate those of ``sets`` (what the search asks next, then what it may ask after) not yet
+        known, side by side, within the build budget left; :meth:`evaluate` commits them when asked. Nothing while
+        the next set is known already (the last batch is still being read), or without workers."""
+        if self.workers is None or not sets:
+            return
+        wanted = [frozenset(s) for s in sets]
+        if wanted[0] in self._cache or (wanted[0], self._how(wanted[0])) in self._ahead:
+            return
+        self._ahead = {k: v for k, v in self._ahead.items() if k[0] in wanted}  # the rest went stale
+        budget = self.max_builds - self.builds - sum(1 for _, how in self._ahead if how == "build")
+        todo, seen = [], set()
+        for kept, key in zip(sets, wanted):
+            how = self._how(key)
+            if key in self._cache or key in seen or (key, how) in self._ahead:
+                continue
+            if how == "build":
+                if budget <= 0:
+                    continue
+                budget -= 1
+            seen.add(key)
+            todo.append((tuple(kept), self._pool if how == "switch" else None))
+        if not todo:
+            return
+        from ..core.progress import Steps
+
+        outcomes = self.workers.run(todo, self.step if self.step is not None else Steps(None, None))
+        for (kept, pool), outcome in zip(todo, outcomes):
+            self._ahead[(frozenset(kept), "switch" if pool is not None else "build")] = outcome
+
     def evaluate(self, kept: Sequence[str], *, model=None, role: str = "search") -> Evaluation:
         """Judge ``kept`` (cached by set). ``model``: run this model (the repaired one) with a build of its own;
         ``role`` labels the build ("search" builds count against ``max_builds``; "baseline"/"verify" do not)."""
@@ -105,21 +151,32 @@ class Evaluator:
         if model is None and key in self._cache:
             return self._cache[key]
         t0 = time.perf_counter()
+        ahead = self._ahead.pop((key, self._how(key)), None) if model is None and role == "search" else None
+        if ahead is not None and ahead.error is not None:  # evaluate it here: the serial error, or its result
+            log.info("a worker could not evaluate %s (%s): evaluating it here", list(kept)[:4], ahead.error)
+            ahead = None
         if model is None and self._switch is not None and key <= set(self._pool):
             mode = "switch"
-            session, flags = self._switch
-            extra = {f: np.array(name in key) for name, f in flags.items()}
-            results = [session.run({**cfeed, **extra}) for cfeed in self.plan.cand_feeds]
+            if ahead is not None:
+                results = ahead.results
+            else:
+                session, flags = self._switch
+                extra = {f: np.array(name in key) for name, f in flags.items()}
+                results = [session.run({**cfeed, **extra}) for cfeed in self.plan.cand_feeds]
         else:
             mode = "build"
             if role == "search":
                 self._spend()
             else:
                 self.builds_by_role[role] = self.builds_by_role.get(role, 0) + 1
-            model = model if model is not None else self.builder.build(list(kept))
-            with self.plan.cand_engine.prepare(model, [c for _, c in self.outputs]) as session:
-                results = [session.run(cfeed) for cfeed in self.plan.cand_feeds]
-        ev = self._judge(tuple(kept), results, mode if role == "search" else role, time.perf_counter() - t0)
+            if ahead is not None:
+                results = ahead.results
+            else:
+                model = model if model is not None else self.builder.build(list(kept))
+                with self.plan.cand_engine.prepare(model, [c for _, c in self.outputs]) as session:
+                    results = [session.run(cfeed) for cfeed in self.plan.cand_feeds]
+        seconds = ahead.seconds if ahead is not None else time.perf_counter() - t0
+        ev = self._judge(tuple(kept), results, mode if role == "search" else role, seconds)
         self._cache.setdefault(key, ev)
         self.evaluations.append(ev)
         if self.step is not None:
@@ -134,6 +191,7 @@ class Evaluator:
         self.close()
         self.batch = "build"
         self._cache = {k: e for k, e in self._cache.items() if e.how != "switch"}
+        self._ahead.clear()
 
     @property
     def search_builds(self) -> int:

@@ -36,6 +36,8 @@ class RepairResult:
     timing: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     builds_detail: dict = field(default_factory=dict)
+    #: where the search's evaluations ran: {"kind": serial|processes|ray, "workers", "address"}
+    executor: dict = field(default_factory=lambda: {"kind": "serial", "workers": 1, "address": None})
     #: the comparison bundle of the reference vs the repaired model, once saved: {"path", "diverged", "verdict"}
     bundle: dict | None = None
     #: not serialised: the repaired model, and what a bundle needs (the comparison plan)
@@ -53,7 +55,8 @@ class RepairResult:
                 "builds_detail": self.builds_detail, "target": self.target, "before": self.before,
                 "after": self.after, "evaluations": self.evaluations, "pool": self.pool, "kind": self.kind,
                 "verification": self.verification, "weights": self.weights, "checker": self.checker,
-                "model": self.model_path, "bundle": self.bundle, "timing": self.timing, "notes": self.notes}
+                "model": self.model_path, "bundle": self.bundle, "executor": self.executor, "timing": self.timing,
+                "notes": self.notes}
 
     def save_json(self, path: str | Path) -> Path:
         from .._atomic import atomic_write_text

@@ -8,6 +8,12 @@ consumers follow it in the pool, as far as the values stay out of range.
 Search: grow prefixes of the pool (1, 2, 4, 8, ... nodes) until the target holds, binary-search the shortest
 passing prefix, then shrink it to a 1-minimal set (removing any kept node breaks the target), trying to drop
 the latest-ranked nodes first and repeating until a whole pass removes nothing.
+
+The search is sequential: each step depends on the last verdict. With workers it evaluates ahead, side by side,
+the sets it may ask for next -- the next prefix sizes while growing, the next levels of the binary search, the next
+removals of a shrink pass (assuming each fails, as most do) -- and then takes its steps exactly as serially,
+reading those outcomes (:meth:`Evaluator.prefetch`). The chosen set, the evaluations and the build counts are the
+serial ones; what parallelism buys is bounded by how often the lookahead guesses right.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ def search(ev: Evaluator, pool: Sequence[str], baseline: Evaluation) -> tuple[tu
         size = 1
         while True:
             k = min(size, len(pool))
+            ev.prefetch([pool[:j] for j in _prefix_sizes(size, len(pool))][:ev.width])
             if ev.evaluate(pool[:k]).met:
                 hi = k
                 break
@@ -77,6 +84,7 @@ def search(ev: Evaluator, pool: Sequence[str], baseline: Evaluation) -> tuple[tu
                 return None, False
             size *= 2
         while hi - lo > 1:
+            ev.prefetch([pool[:j] for j in _bisection(lo, hi, ev.width)])
             mid = (lo + hi) // 2
             if ev.evaluate(pool[:mid]).met:
                 hi = mid
@@ -102,7 +110,8 @@ def shrink(ev: Evaluator, kept: list[str], last_needed: bool = False) -> tuple[t
             if first and last_needed:
                 order = order[1:]
             first = False
-            for node in order:
+            for j, node in enumerate(order):
+                ev.prefetch([[n for n in kept if n != m] for m in order[j:j + ev.width]])
                 trial = [n for n in kept if n != node]
                 if ev.evaluate(trial).met:
                     kept = trial
@@ -111,6 +120,29 @@ def shrink(ev: Evaluator, kept: list[str], last_needed: bool = False) -> tuple[t
     except BudgetExhausted:
         ev.notes.append(f"the build budget ({ev.max_builds}) ran out while shrinking: the set may not be minimal")
         return tuple(kept), False
+
+
+def _prefix_sizes(size: int, n: int) -> list[int]:
+    """The prefix sizes growing tries from ``size`` on: size, 2*size, ... capped at (and ending with) ``n``."""
+    out = []
+    while True:
+        out.append(min(size, n))
+        if size >= n:
+            return out
+        size *= 2
+
+
+def _bisection(lo: int, hi: int, width: int) -> list[int]:
+    """The first ``width`` midpoints the binary search of (lo, hi) may try, level by level (passing side first)."""
+    out, queue = [], [(lo, hi)]
+    while queue and len(out) < width:
+        a, b = queue.pop(0)
+        if b - a <= 1:
+            continue
+        mid = (a + b) // 2
+        out.append(mid)
+        queue += [(a, mid), (mid, b)]
+    return out
 
 
 def _best_met(ev: Evaluator) -> Evaluation | None:

@@ -37,6 +37,9 @@ def load_result(source: Any) -> CompareResult:
         with load_bundle(path.parent if path.name == MANIFEST else path) as bundle:
             return bundle.result
     doc = read_json(path, path.name, schema="workbench.compare/1")
+    if doc.get("kind") == "dataset":
+        raise BundleError(f"{path.name} is a dataset comparison (per-sample results), not a single comparison",
+                          "diff it against another dataset result: workbench diff A.json B.json")
     try:
         return CompareResult.from_json(doc)
     except (KeyError, TypeError, ValueError) as e:
@@ -354,7 +357,12 @@ def _fmt_change(d: float | None, metric: str) -> str:
 def diff_results(before: Any, after: Any, *, metric: str | None = None,
                  labels: tuple[str, str] = ("before", "after")) -> ResultDiff:
     """Compare two results (CompareResult objects, results JSON files or bundles). ``metric``: the one ranked
-    (default: the ``before`` criterion's)."""
+    (default: the ``before`` criterion's). Two engine graphs (``workbench.engine_graph/1``) give an
+    :class:`~workbench.engine_graphs.diff.EngineGraphDiff` instead: changed fusions, providers, precisions, latency."""
+    from ..engine_graphs.diff import diff_graphs, load_graph
+
+    if load_graph(before) is not None or load_graph(after) is not None:
+        return diff_graphs(before, after, metric=metric, labels=labels)
     a, b = load_result(before), load_result(after)
     m = metric or a.criterion.metric
     known = list(dict.fromkeys([*METRICS, *(k for t in a.tensors for k in t.metrics)]))

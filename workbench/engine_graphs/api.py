@@ -1,0 +1,134 @@
+"""``engine_graph()``: what an engine made of a model (fusions, providers, precisions) and what each node costs."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import onnx
+
+from ..engines.spec import EngineSpec
+from ..errors import SpecError, WorkbenchError
+from .onnx_side import OnnxGraph
+from .result import EngineGraph
+
+log = logging.getLogger(__name__)
+
+#: engine name -> (builder module, ORT provider)
+BUILDERS = {"ort": ("ort", "cpu"), "ort-cuda": ("ort", "cuda"), "ort-trt": ("ort", "trt"),
+            "openvino": ("openvino", None), "trt": ("tensorrt", None)}
+MAX_RUNS = 100_000
+
+
+def engine_graph(model: Any, engine: str | EngineSpec = "ort", *, feeds: Any = None,
+                 input_shapes: dict[str, list[int]] | None = None, runs: int = 10, warmup: int = 1, seed: int = 0,
+                 optimization: str | None = None, threads: int | None = None, options: dict | None = None,
+                 outputs: list[str] | None = None) -> EngineGraph:
+    """The engine graph of ``model`` on ``engine`` (``ENGINE[:VARIANT]``: ``ort``, ``ort:fp16``, ``openvino``,
+    ``trt``...): every executed node with the ONNX nodes it computes, its provider, precision and latency (median,
+    p90 and mean over ``runs`` profiled runs after ``warmup``; ``runs=0``: structure only).
+
+    ``feeds``: a dict, a list of dicts or a .npz/folder/Polygraphy JSON (default: seeded random feeds shaped by
+    ``input_shapes``). ``optimization``: ONNX Runtime's graph optimization level (all, extended, basic, disable;
+    default all). ``threads``: intra-op threads (ORT) or inference threads (OpenVINO). ``options``: the engine's
+    own options (as in ``compare(engine_options=...)``). ``outputs``: extra tensors marked as graph outputs.
+    """
+    from ..core.feeds import cast_feeds
+    from ..model.load import LoadedModel, is_torch_module, load_model
+    from ..model.validate import check_structure
+
+    spec = EngineSpec.parse(engine)
+    if spec.engine not in BUILDERS:
+        raise SpecError(f"the {spec.engine!r} engine has no engine graph (it runs the ONNX graph as written)",
+                        f"inspect one of {', '.join(BUILDERS)}")
+    for name, value, lo in (("runs", runs, 0), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_RUNS:
+            raise WorkbenchError(f"{name} must be a whole number from {lo} to {MAX_RUNS}, not {value!r}")
+    if is_torch_module(model):
+        raise WorkbenchError("engine_graph needs an ONNX model", "export the module first (workbench.load_model)")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    check_structure(loaded.proto)
+    proto = loaded.proto
+    given = _feeds(proto, feeds, input_shapes, seed)
+    if spec.variant != "fp32":
+        from ..variants import make_variant
+
+        proto = make_variant(proto, spec.variant, calibration_feeds=given).model
+    opts = _options(spec.engine, optimization, threads, options)
+    graph = build(spec.engine, proto, cast_feeds(proto, given), runs=runs, warmup=warmup, options=opts,
+                  outputs=outputs)
+    graph.engine = str(spec)
+    graph.model = {"name": loaded.name, "sha256": loaded.fingerprint, "path": str(loaded.path) if loaded.path else None,
+                   "variant": spec.variant}
+    graph.details["input_shapes"] = {k: list(v.shape) for k, v in given[0].items()}
+    _notes(graph)
+    return graph
+
+
+def build(engine: str, model: onnx.ModelProto, feeds: list[dict], *, runs: int = 10, warmup: int = 1,
+          options: dict | None = None, outputs: list[str] | None = None,
+          onnx_graph: OnnxGraph | None = None) -> EngineGraph:
+    """The engine graph of an already prepared model (a variant, feeds cast to its inputs) on ``engine`` (a name of
+    :data:`BUILDERS`); ``options`` are the engine's own."""
+    kind, provider = BUILDERS[engine]
+    og = onnx_graph or OnnxGraph.build(model)
+    if kind == "ort":
+        from .ort_graph import ort_engine_graph
+
+        return ort_engine_graph(model, feeds, runs=runs, warmup=warmup,
+                                options={"provider": provider, **(options or {})}, outputs=outputs, onnx_graph=og)
+    if kind == "openvino":
+        from .openvino_graph import openvino_engine_graph
+
+        return openvino_engine_graph(model, feeds, runs=runs, warmup=warmup, options=options, outputs=outputs,
+                                     onnx_graph=og)
+    from .tensorrt_graph import tensorrt_engine_graph
+
+    return tensorrt_engine_graph(model, feeds, runs=runs, warmup=warmup, options=options, outputs=outputs,
+                                 onnx_graph=og)
+
+
+def _feeds(model: onnx.ModelProto, feeds: Any, input_shapes: dict | None, seed: int) -> list[dict]:
+    from ..inputs import check_feeds, feeds_from, random_feeds
+
+    if feeds is None:
+        return random_feeds(model, seed=seed, shapes=input_shapes)
+    given = check_feeds(model, feeds_from(feeds))
+    if not given:
+        raise WorkbenchError("no feeds given", "pass at least one feed, or none for random feeds")
+    return given
+
+
+def _options(engine: str, optimization: str | None, threads: int | None, options: dict | None) -> dict:
+    opts = dict(options or {})
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise WorkbenchError(f"threads must be a whole number >= 1, not {threads!r}")
+    if BUILDERS[engine][0] == "ort":
+        if optimization is not None:
+            opts["graph_optimization"] = optimization
+        if threads:
+            opts["threads"] = threads
+    else:
+        if optimization is not None:
+            raise SpecError(f"optimization levels are ONNX Runtime's; the {engine} engine has none",
+                            "drop --optimization, or inspect with --engine ort")
+        if threads and engine == "openvino":
+            opts["config"] = {**opts.get("config", {}), "INFERENCE_NUM_THREADS": threads}
+    return opts
+
+
+def _notes(graph: EngineGraph) -> None:
+    """What a reader should know about the numbers: fallbacks, unmapped nodes, overlapping node times."""
+    falls = graph.fallbacks()
+    if falls:
+        graph.notes.append(f"{len(falls)} node(s) fell back from {graph.details.get('requested_provider')} to another "
+                           f"provider: {', '.join(sorted({n.provider for n in falls}))} (e.g. {falls[0].name})")
+    if graph.unmapped:
+        graph.notes.append(f"{len(graph.unmapped)} ONNX node(s) mapped to no executed node (see 'unmapped')")
+    share = graph.latency_share
+    if share is not None and share > 1.05:
+        graph.notes.append(f"per-node times add up to {share:.0%} of a run: the engine ran nodes concurrently (more "
+                           "than one thread), so they overlap")
+    elif share is not None and share < 0.85:
+        graph.notes.append(f"per-node times add up to {share:.0%} of a run: the rest is the engine's own overhead "
+                           "between nodes (and the profiler's)")

@@ -1,0 +1,174 @@
+"""What changed between two engine graphs (two ORT versions, two optimization levels, two engines): fusions,
+providers, precisions and latency, matched by the ONNX nodes each executed node runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import WorkbenchError
+from ..textfmt import table
+from .result import SCHEMA as GRAPH_SCHEMA
+from .result import EngineGraph, EngineNode
+
+SCHEMA = "workbench.engine_graph_diff/1"
+METRICS = ("latency_ms", "latency_mean_ms", "latency_p90_ms")
+
+
+def load_graph(source: Any) -> EngineGraph | None:
+    """An EngineGraph from itself or a ``workbench.engine_graph/1`` JSON file (its ``schema`` written first, as
+    the workbench writes it); None for anything else (a comparison result, a bundle)."""
+    import os
+
+    if isinstance(source, EngineGraph):
+        return source
+    if not isinstance(source, (str, os.PathLike)) or not str(source).lower().endswith(".json"):
+        return None
+    try:
+        if not os.path.isfile(source):
+            return None
+        with open(source, "rb") as fh:
+            head = fh.read(256).decode("utf-8", "replace")
+    except OSError:
+        return None
+    if f'"schema": "{GRAPH_SCHEMA}"' not in head.replace(" ", "").replace('":"', '": "'):
+        return None
+    return EngineGraph.load_json(source)
+
+
+def _key(n: EngineNode) -> frozenset:
+    return frozenset(n.onnx_nodes)
+
+
+def _brief(n: EngineNode, metric: str) -> dict:
+    return {"engine_node": n.name, "kind": n.kind, "onnx_nodes": n.onnx_nodes, "provider": n.provider,
+            "precision": n.precision, metric: getattr(n, metric)}
+
+
+def _change(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+@dataclass
+class EngineGraphDiff:
+    """Two engine graphs side by side: ``fusions`` lists each set of ONNX nodes grouped differently (with the
+    groups before and after and their summed latency); ``latency`` the groups both run, largest change first."""
+
+    before: EngineGraph
+    after: EngineGraph
+    metric: str
+    labels: tuple[str, str]
+    fusions: list[dict]
+    latency: list[dict]
+    providers: list[dict]
+    precisions: list[dict]
+
+    @property
+    def end_to_end(self) -> dict:
+        a, b = self.before.end_to_end_ms, self.after.end_to_end_ms
+        return {"before": a, "after": b, "change": _change(a, b)}
+
+    def to_json(self, top: int = 20) -> dict:
+        return {"schema": SCHEMA, "labels": list(self.labels), "engines": [self.before.engine, self.after.engine],
+                "metric": self.metric, "end_to_end_ms": self.end_to_end,
+                "nodes": [len(self.before.nodes), len(self.after.nodes)],
+                "fused_nodes": [len(self.before.fused_nodes), len(self.after.fused_nodes)],
+                "fusions_changed": self.fusions, "latency": self.latency[:top], "providers_changed": self.providers,
+                "precisions_changed": self.precisions}
+
+    def render(self, top: int = 10) -> str:
+        a, b = self.labels
+        e2e = self.end_to_end
+        lines = [f"engine graphs: {a} ({self.before.engine}, {len(self.before.nodes)} nodes, "
+                 f"{len(self.before.fused_nodes)} fused) vs {b} ({self.after.engine}, {len(self.after.nodes)} nodes, "
+                 f"{len(self.after.fused_nodes)} fused)",
+                 f"end to end: {_ms(e2e['before'])} -> {_ms(e2e['after'])} ({_signed(e2e['change'])})",
+                 f"fusions changed: {len(self.fusions)}"]
+        for f in self.fusions[:top]:
+            lines.append(f"  {len(f['onnx_nodes'])} ONNX node(s) from {f['onnx_nodes'][0]}: "
+                         f"{len(f['before'])} node(s) {_names(f['before'])} -> {len(f['after'])} node(s) "
+                         f"{_names(f['after'])}; {_ms(f['before_ms'])} -> {_ms(f['after_ms'])}")
+        if self.latency:
+            lines += ["", f"largest latency changes ({self.metric}):", table(
+                ["engine node (before)", "ONNX nodes", a, b, "change"],
+                [[r["before"]["engine_node"], len(r["onnx_nodes"]), _ms(r["before"][self.metric]),
+                  _ms(r["after"][self.metric]), _signed(r["change"])] for r in self.latency[:top]])]
+        for r in self.providers[:top]:
+            lines.append(f"provider of {r['engine_node']}: {r['before']} -> {r['after']}")
+        for r in self.precisions[:top]:
+            lines.append(f"precision of {r['engine_node']}: {r['before']} -> {r['after']}")
+        return "\n".join(lines)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f} ms"
+
+
+def _signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.3f} ms"
+
+
+def _names(groups: list[dict]) -> str:
+    shown = [f"{g['engine_node']} ({len(g['onnx_nodes'])})" for g in groups[:3]]
+    return "[" + ", ".join(shown) + (", ..." if len(groups) > 3 else "") + "]"
+
+
+def diff_graphs(before: Any, after: Any, *, metric: str | None = None,
+                labels: tuple[str, str] = ("before", "after")) -> EngineGraphDiff:
+    """Diff two engine graphs (EngineGraph objects or ``workbench.engine_graph/1`` files)."""
+    a, b = load_graph(before), load_graph(after)
+    if a is None or b is None:
+        raise WorkbenchError("engine graph diff needs two engine graphs",
+                             "pass two files written by `workbench inspect MODEL --engine SPEC --json OUT`")
+    m = metric or "latency_ms"
+    if m not in METRICS:
+        raise WorkbenchError(f"unknown metric {m!r} for engine graphs", f"use one of {', '.join(METRICS)}")
+    ka = {_key(n): n for n in a.compute_nodes}
+    kb = {_key(n): n for n in b.compute_nodes}
+    same = [k for k in ka if k in kb]
+    latency = sorted(({"onnx_nodes": sorted(k), "before": _brief(ka[k], m), "after": _brief(kb[k], m),
+                       "change": _change(getattr(ka[k], m), getattr(kb[k], m))} for k in same),
+                     key=lambda r: -abs(r["change"] or 0))
+    providers = [{"engine_node": ka[k].name, "before": ka[k].provider, "after": kb[k].provider} for k in same
+                 if ka[k].provider != kb[k].provider]
+    precisions = [{"engine_node": ka[k].name, "before": ka[k].precision, "after": kb[k].precision} for k in same
+                  if ka[k].precision != kb[k].precision]
+    return EngineGraphDiff(a, b, m, labels, _fusions([n for k, n in ka.items() if k not in kb],
+                                                     [n for k, n in kb.items() if k not in ka], m),
+                           latency, providers, precisions)
+
+
+def _fusions(only_a: list[EngineNode], only_b: list[EngineNode], metric: str) -> list[dict]:
+    """Sets of ONNX nodes grouped differently: connected components of the groups found in one graph only,
+    linked where they share ONNX nodes."""
+    nodes = [("a", n) for n in only_a] + [("b", n) for n in only_b]
+    parent = list(range(len(nodes)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[str, int] = {}
+    for i, (_, n) in enumerate(nodes):
+        for o in n.onnx_nodes:
+            if o in owner:
+                parent[find(i)] = find(owner[o])
+            owner.setdefault(o, i)
+    parts: dict[int, list[int]] = {}
+    for i in range(len(nodes)):
+        parts.setdefault(find(i), []).append(i)
+    out = []
+    for members in parts.values():
+        side = {s: [nodes[i][1] for i in members if nodes[i][0] == s] for s in ("a", "b")}
+        covered = sorted({o for i in members for o in nodes[i][1].onnx_nodes})
+
+        def total(ns: list[EngineNode]) -> float | None:
+            values = [getattr(n, metric) for n in ns]
+            return sum(values) if values and None not in values else None
+
+        out.append({"onnx_nodes": covered, "before": [_brief(n, metric) for n in side["a"]],
+                    "after": [_brief(n, metric) for n in side["b"]], "before_ms": total(side["a"]),
+                    "after_ms": total(side["b"])})
+    return sorted(out, key=lambda f: -len(f["onnx_nodes"]))

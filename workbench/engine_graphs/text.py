@@ -1,0 +1,50 @@
+"""Readable CLI rendering of an :class:`~workbench.engine_graphs.result.EngineGraph`."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..textfmt import table
+from .result import EngineGraph
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def render(graph: EngineGraph, top: int = 10) -> str:
+    d = graph.details
+    compute = graph.compute_nodes
+    version = " ".join(f"{k} {d[k]}" for k in ("onnxruntime", "openvino", "tensorrt") if d.get(k))
+    level = f", graph optimization {d['graph_optimization']}" if d.get("graph_optimization") else ""
+    covered = len(graph.covered())
+    total = d.get("onnx_compute_nodes")
+    lines = [f"{graph.model.get('name', 'model')} on {graph.engine}" + (f" ({version}{level})" if version else "")
+             + f": {len(graph.nodes)} executed nodes ({len(compute)} compute, {len(graph.nodes) - len(compute)} "
+             f"layout), {len(graph.fused_nodes)} fused",
+             f"ONNX compute nodes: {total if total is not None else '?'}, {covered} covered "
+             f"({len(graph.folded)} folded while building), {len(graph.unmapped)} unmapped"]
+    if graph.end_to_end_ms is not None:
+        share = graph.latency_share
+        lines.append(f"end to end: {_ms(graph.end_to_end_ms)} ms median, {_ms(graph.end_to_end_p90_ms)} p90, "
+                     f"{_ms(graph.end_to_end_mean_ms)} mean over {graph.runs} runs ({graph.end_to_end_source})"
+                     + (f"; per-node times add up to {share:.0%} of a run (median)" if share else ""))
+    for label, key in (("providers", "provider"), ("precisions", "precision")):
+        counts = Counter(getattr(n, key) or "?" for n in graph.nodes)
+        lines.append(f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    falls = graph.fallbacks()
+    if falls:
+        lines.append(f"FELL BACK: {len(falls)} node(s) ran on another provider than "
+                     f"{d.get('requested_provider')}: " + ", ".join(f"{n.name} ({n.provider})" for n in falls[:5]))
+    slow = graph.slowest(top)
+    if slow:
+        end = graph.end_to_end_mean_ms or graph.end_to_end_ms
+        lines += ["", f"slowest {len(slow)} nodes (median ms per run):", table(
+            ["node", "kind", "provider", "precision", "ms", "p90", "share", "ONNX nodes"],
+            [[n.name, n.kind, n.provider or "-", n.precision or "-", _ms(n.latency_ms), _ms(n.latency_p90_ms),
+              f"{(n.latency_mean_ms or 0) / end:.1%}" if end else "-",
+              ", ".join(n.onnx_nodes[:3]) + (f" (+{len(n.onnx_nodes) - 3})" if len(n.onnx_nodes) > 3 else "")]
+             for n in slow])]
+    for note in graph.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""Plots of an engine graph: the slowest nodes with their error, and latency along the execution order coloured by
+provider, precision or kind. Pure functions: rows from :func:`workbench.engine_graphs.layers.layer_rows` (or an
+EngineGraph and an optional comparison) in, plotly figures out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.graph_objects import Bar, Figure  # noqa: F401 - resolve plotly's lazy classes at import
+
+from . import esc
+
+#: node names longer than this are shortened in the middle on the axis (the hover has them whole)
+LABEL_CHARS = 42
+PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#bab0ac"]
+
+
+def _label(name: str) -> str:
+    half = (LABEL_CHARS - 1) // 2
+    return name if len(name) <= LABEL_CHARS else f"{name[:half]}…{name[-half:]}"
+
+
+def _rows(source: Any, result: Any = None) -> list[dict]:
+    if isinstance(source, list):
+        return source
+    from ..engine_graphs.layers import layer_rows
+
+    return layer_rows(source, result)
+
+
+def _hover(r: dict) -> str:
+    onnx = r["onnx_nodes"]
+    text = (f"{esc(r['name'])}<br>{esc(r['kind'])} on {esc(r['provider'] or '?')}, {esc(r['precision'] or '?')}"
+            f"<br>{len(onnx)} ONNX node(s): {esc(', '.join(onnx[:4]))}{' ...' if len(onnx) > 4 else ''}")
+    if r.get("latency_ms") is not None:
+        text += f"<br>{r['latency_ms']:.3f} ms median, p90 {(r.get('latency_p90_ms') or 0):.3f} ms"
+    if r.get("error") is not None:
+        text += f"<br>{esc(r['metric'])} {r['error']:.4g} at {esc(r['tensor'])}"
+    if r.get("fell_back"):
+        text += "<br><b>fell back to another provider</b>"
+    return text
+
+
+def slowest_layers(source: Any, result: Any = None, top: int = 20) -> go.Figure:
+    """The ``top`` slowest executed nodes as horizontal bars (median ms per run), coloured by their worst tensor's
+    error when a comparison is given (``result``), with fell-back nodes outlined in red."""
+    rows = [r for r in _rows(source, result) if r.get("latency_ms") is not None][:top]
+    labels = [esc(f"{k}. {_label(r['name'])}") for k, r in enumerate(rows, 1)]
+    errors = [r.get("error") for r in rows]
+    metric = next((r["metric"] for r in rows if r.get("metric")), None)
+    marker: dict = {"line": {"color": ["#d62728" if r.get("fell_back") else "rgba(0,0,0,0)" for r in rows],
+                             "width": 2}}
+    if metric and any(e is not None for e in errors):
+        marker.update(color=[e if e is not None else float("nan") for e in errors], colorscale="RdYlGn",
+                      reversescale=metric not in ("sqnr_db", "cosine"), showscale=True,
+                      colorbar={"title": esc(metric)})
+    else:
+        marker["color"] = PALETTE[0]
+    fig = go.Figure(go.Bar(y=labels, x=[r["latency_ms"] for r in rows], orientation="h", marker=marker,
+                           hovertext=[_hover(r) for r in rows], hoverinfo="text"))
+    fig.update_layout(title=f"slowest {len(rows)} executed nodes" + (f", coloured by {metric}" if metric else ""),
+                      template="plotly_white", xaxis={"title": "ms per run (median)", "rangemode": "tozero"},
+                      yaxis={"autorange": "reversed"}, height=max(260, 90 + 22 * len(rows)),
+                      margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return fig
+
+
+def latency_by_node(source: Any, color_by: str = "provider") -> go.Figure:
+    """Latency of every executed node along the execution order, one colour per ``color_by`` value (provider,
+    precision, kind or role): where the time goes and what ran where, in what precision."""
+    if color_by not in ("provider", "precision", "kind", "role"):
+        raise ValueError(f"color_by must be provider, precision, kind or role, not {color_by!r}")
+    rows = _rows(source)
+    order = {r["name"]: k for k, r in enumerate(sorted(rows, key=lambda r: r["order"]))}
+    fig = go.Figure()
+    groups = list(dict.fromkeys(str(r.get(color_by)) for r in rows))
+    for k, value in enumerate(groups):
+        mine = [r for r in rows if str(r.get(color_by)) == value]
+        fig.add_trace(go.Bar(x=[order[r["name"]] for r in mine], y=[r.get("latency_ms") or 0.0 for r in mine],
+                             name=esc(value), marker_color=PALETTE[k % len(PALETTE)],
+                             hovertext=[_hover(r) for r in mine], hoverinfo="text"))
+    fig.update_layout(title=f"latency per executed node, by {color_by}", template="plotly_white", barmode="overlay",
+                      xaxis={"title": "executed node (execution order)"}, yaxis={"title": "ms per run (median)"},
+                      legend={"title": color_by}, height=360, margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return fig
