@@ -5,12 +5,22 @@ saved, so they render in viewers before anyone runs them).
 
 The notebooks are generated so that their code stays reviewable here; tests execute them again. Everything runs
 offline on the CPU, on the bundled sample models; exports go to temporary folders, never into notebooks/.
+
+Saved so that opening one before running it is clean: the kernelspec is the installed one (JupyterLab rewrites a
+different display name on open, marking the notebook modified); each figure in a cell output carries a PNG of
+itself (JupyterLab's plotly renderer shows it until the mouse enters the figure; without one it adds a PNG as it
+draws, marking the notebook modified on open; drawn with Playwright and Chromium, see add_pictures); paths of
+this machine (the repository, temporary folders) are written relative to the notebook or as "<temporary
+folder>".
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -283,12 +293,94 @@ NOTEBOOKS = {
 }
 
 
+def kernelspec() -> dict:
+    """The installed python3 kernelspec, as JupyterLab writes it into a notebook it opens."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        spec = KernelSpecManager().get_kernel_spec("python3")
+        return {"name": "python3", "display_name": spec.display_name, "language": spec.language}
+    except Exception:  # noqa: BLE001 - no kernelspec found: ipykernel's default
+        return {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
 def build(cells) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell(src) if kind == "md" else nbformat.v4.new_code_cell(src)
                 for kind, src in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = kernelspec()
     return nb
+
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+#: the static pictures of the figures: this wide (px), and drawn by this browser (headless)
+PICTURE_WIDTH = 860
+CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+
+
+def add_pictures(nb: nbformat.NotebookNode) -> int:
+    """Give each figure a cell displays (plotly's JSON mimetype) a PNG of itself, drawn by the plotly.js plotly
+    ships, in headless Chromium. JupyterLab's plotly renderer shows that picture until the mouse enters the figure
+    (then the interactive figure); without one it draws the figure at once and adds a PNG to the cell, marking
+    the notebook modified as it opens. Returns how many; 0 (with a warning) without Playwright or Chromium."""
+    figures = [(cell, out) for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+               if PLOTLY_MIME in out.get("data", {})]
+    if not figures:
+        return 0
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("warning: playwright is not installed: figures saved without pictures (the notebook will be marked "
+              "modified when opened)", file=sys.stderr)
+        return 0
+    if not Path(CHROMIUM).exists():
+        print(f"warning: {CHROMIUM} not found: figures saved without pictures", file=sys.stderr)
+        return 0
+    import plotly
+
+    script = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu",
+                                                                    "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": PICTURE_WIDTH + 40, "height": 800})
+            page.set_content(f'<div id="fig" style="width:{PICTURE_WIDTH}px"></div>')
+            page.add_script_tag(path=str(script))
+            for _cell, out in figures:
+                fig = out["data"][PLOTLY_MIME]
+                url = page.evaluate("""async ([fig, width]) => {
+                    const layout = {...fig.layout, width, height: fig.layout.height || 360};
+                    const gd = document.getElementById('fig');
+                    await Plotly.newPlot(gd, fig.data, layout, {staticPlot: true});
+                    const url = await Plotly.toImage(gd, {format: 'png', width, height: layout.height});
+                    Plotly.purge(gd);
+                    return url; }""", [fig, PICTURE_WIDTH])
+                out["data"]["image/png"] = url.split(",", 1)[1]
+        finally:
+            browser.close()
+    return len(figures)
+
+
+def scrub_paths(nb: nbformat.NotebookNode, notebook_dir: Path) -> int:
+    """Paths of the machine that ran the notebook, in outputs and saved widgets: the repository becomes the
+    path relative to the notebook, a temporary folder "<temporary folder>". Returns how many were replaced."""
+    import json
+
+    text = json.dumps(nb)
+    count = 0
+    here = str(notebook_dir.resolve())
+    repo = str(REPO.resolve())
+    for old, new in ((here + "/", ""), (repo + "/", "../")):
+        count += text.count(old)
+        text = text.replace(old, new)
+    temp = re.escape(tempfile.gettempdir().rstrip("/"))
+    text, n = re.subn(temp + r"/[A-Za-z0-9_.\-]+", "<temporary folder>", text)
+    count += n
+    nb.clear()
+    nb.update(nbformat.from_dict(json.loads(text)))
+    return count
 
 
 #: an anywidget module bigger than this (plotly's FigureWidget bundle: ~5 MB, saved again for every figure
@@ -312,11 +404,26 @@ def slim_widget_state(nb: nbformat.NotebookNode) -> int:
     return replaced
 
 
+#: the recording's last cell (removed from the saved notebook)
+SETTLE = "from workbench.ui.jobs import settle\n\nassert settle(), 'a panel job did not finish'"
+
+
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600) -> nbformat.NotebookNode:
     """Run top to bottom in a fresh kernel; keep outputs and the widgets' state (rendered without a kernel)."""
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
-                   resources={"metadata": {"path": str(cwd)}}).execute()
+    # panel jobs hand their widget updates to the kernel's thread; nbclient records only what is sent while a cell
+    # runs, so the updates wait (WORKBENCH_UI_RECORD) for a last cell that lets every job finish and sends them
+    nb.cells.append(nbformat.v4.new_code_cell(SETTLE))
+    os.environ["WORKBENCH_UI_RECORD"] = "1"
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
+                       resources={"metadata": {"path": str(cwd)}}).execute()
+    finally:
+        os.environ.pop("WORKBENCH_UI_RECORD", None)
+        nb.cells = [c for c in nb.cells if c.source != SETTLE]
     slim_widget_state(nb)
+    scrub_paths(nb, cwd)
+    add_pictures(nb)
+    nb.metadata["kernelspec"] = kernelspec()
     return nb
 
 

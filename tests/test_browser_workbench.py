@@ -6,6 +6,7 @@ calibrate and see a histogram. Screenshots go to $WORKBENCH_ARTIFACTS (or a temp
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -86,14 +87,15 @@ def test_quickstart_finds_the_culprit_in_the_browser(browser_page, artifacts):
     curve = _visible(wb.locator(".js-plotly-plot")).first
     curve.wait_for()
     curve.scroll_into_view_if_needed()
-    wb.get_by_text("/bn_big_var/BatchNormalization_output_0: value distributions").first.wait_for()
+    # (a title may wrap after the tensor's name: its lines are separate text runs)
+    wb.get_by_text(re.compile(r"/bn_big_var/BatchNormalization_output_0:\s*value distributions")).first.wait_for()
     H.screenshot(page, artifacts, "03-errors")
 
     # click another layer in the error curve: its detail plots replace the culprit's
     points = curve.locator(".scatterlayer .trace").first.locator(".points path")
     assert points.count() == 7
     points.nth(3).click(force=True)
-    wb.get_by_text("/head/pool/GlobalAveragePool_output_0: value distributions").first.wait_for()
+    wb.get_by_text(re.compile(r"/head/pool/GlobalAveragePool_output_0:\s*value distributions")).first.wait_for()
     assert wb.get_by_text("candidate vs reference").count() and wb.get_by_text("mean |error| per channel").count()
     H.screenshot(page, artifacts, "04-layer-detail")
 
@@ -154,6 +156,7 @@ def test_repair_tab_keeps_the_culprit_and_offers_downloads(browser_page, artifac
     _visible(wb.locator("button", has_text="Run")).first.click()
     kept = _visible(wb.locator("button", has_text=CULPRIT))
     kept.wait_for(timeout=120_000)
+    wb.get_by_text("verified on independent (ref").first.wait_for()  # the result's last lines have arrived
     text = wb.inner_text()
     assert "target MET" in text and "node(s) kept in reference precision" in text
     assert "verified on independent (ref" in text and "FP16 share of the weight bytes" in text

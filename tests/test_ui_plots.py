@@ -89,7 +89,7 @@ def test_calibration_histogram_marks_every_method(calibration):
     assert sorted(n for text in notes for n in text.split(":")[0].replace(" (used)", "").split(" = ")) \
         == sorted(calibration.methods)
     assert sum("(used)" in text for text in notes) == 1
-    ys = [a.y for a in fig.layout.annotations]
+    ys = [(a.y, a.yshift) for a in fig.layout.annotations]
     assert len(set(ys)) == len(ys), "labels are staggered, never on one line"
     assert [a.x for a in fig.layout.annotations] == sorted(a.x for a in fig.layout.annotations)
     assert len(fig.data[0].x) <= 512, "bars are merged to stay light"

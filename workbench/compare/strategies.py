@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -123,6 +124,64 @@ def _compare_jobs(ctx: Context, out: Measured, pairs: list[TensorPair], ref: dic
     return jobs
 
 
+#: seconds between the progress reports that keep a long phase moving (see :class:`Ticker`)
+TICK_S = 0.25
+
+
+class Ticker:
+    """Keeps the progress bar moving through one phase [lo, hi] of ``span`` while it waits in one long engine call
+    that reports nothing (building or running the isolation model of a large graph: most of a comparison).
+
+    Called like a :class:`Steps` (``ticker(fraction, message)``: a real step, reported at once); between real
+    steps a helper thread reports every TICK_S seconds ``last + (hi - last) * t / (t + expected_s)`` (``t``: the
+    seconds since the last real step), never reaching ``hi``, with the seconds spent in the message. The
+    progress callback may thus be called from that helper thread; it stops when the phase ends or on Cancel."""
+
+    def __init__(self, span: Steps, lo: float, hi: float, message: str, expected_s: float = 2.0):
+        self.span, self.hi, self.expected = span, hi, max(0.25, float(expected_s))
+        self._base, self._message, self._since = lo, message, time.monotonic()
+        self._started = self._since
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, fraction: float, message: str) -> None:
+        with self._lock:
+            self._base, self._message, self._since = max(self._base, fraction), message, time.monotonic()
+        self.span(fraction, message)
+
+    def __enter__(self) -> Ticker:
+        self.span(self._base, self._message)
+        if self.span.progress is not None:
+            self._thread = threading.Thread(target=self._tick, name="workbench-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def _tick(self) -> None:
+        cancel = self.span.cancel
+        while not self._stop.wait(TICK_S):
+            if cancel is not None and cancel.is_set():
+                return
+            with self._lock:
+                t = time.monotonic() - self._since
+                f = self._base + (self.hi - self._base) * t / (t + self.expected)
+                message = f"{self._message} ({time.monotonic() - self._started:.0f} s)"
+            try:
+                self.span.progress(self.span.lo + (self.span.hi - self.span.lo) * f, message)
+            except Exception:  # noqa: BLE001 - a failing progress callback must not kill the comparison
+                log.debug("progress callback failed", exc_info=True)
+                return
+
+
 def run_all(ctx: Context) -> Measured:
     """Mark every paired tensor, chunked under the budget; isolate every node.
 
@@ -150,23 +209,28 @@ def run_all(ctx: Context) -> Measured:
             log.info("%d tensors not isolated", len(iso.skipped))
         need = set(group) | (set(iso.boundary.values()) if iso else set())
         marked = sorted(need - plan.ref_inputs)
-        span(0.0, f"{where}: reference engine")
-        refs = _run_side(ctx, plan.ref_engine, plan.ref_model, marked, plan.feeds, reference=True,
-                         step=_FeedSteps(span, 0.0, 0.3, f"{where}: reference", n_feeds))
-        span(0.3, f"{where}: candidate engine")
-        t0 = time.perf_counter()
-        with ctx.prepare_candidate(plan.cand_model, [p.candidate for p in pairs]) as cand_sess:
-            ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
+        with Ticker(span, 0.0, 0.3, f"{where}: reference engine") as tick:
+            refs = _run_side(ctx, plan.ref_engine, plan.ref_model, marked, plan.feeds, reference=True,
+                             step=_FeedSteps(tick, 0.0, 0.3, f"{where}: reference", n_feeds))
+        ref_s = tick.elapsed
+        with Ticker(span, 0.3, 0.6, f"{where}: candidate engine", ref_s) as tick:
             t0 = time.perf_counter()
-            for fi, cfeed in enumerate(plan.cand_feeds):
-                span(0.3 + 0.3 * fi / n_feeds, f"{where}: candidate, feed {fi + 1}/{n_feeds}")
-                cand = cand_sess.run(cfeed)
-                update_many(_compare_jobs(ctx, out, pairs, refs[fi], cand))
-                del cand
-            ctx.timing["run_s"] = ctx.timing.get("run_s", 0.0) + time.perf_counter() - t0
+            with ctx.prepare_candidate(plan.cand_model, [p.candidate for p in pairs]) as cand_sess:
+                ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
+                t0 = time.perf_counter()
+                for fi, cfeed in enumerate(plan.cand_feeds):
+                    tick(0.3 + 0.3 * fi / n_feeds, f"{where}: candidate, feed {fi + 1}/{n_feeds}")
+                    cand = cand_sess.run(cfeed)
+                    update_many(_compare_jobs(ctx, out, pairs, refs[fi], cand))
+                    del cand
+                ctx.timing["run_s"] = ctx.timing.get("run_s", 0.0) + time.perf_counter() - t0
+        cand_s = tick.elapsed
         if iso is not None and iso.outputs:
-            span(0.6, f"{where}: every node alone on the candidate")
-            _run_isolation(ctx, iso, refs, out, _FeedSteps(span, 0.6, 0.4, f"{where}: every node alone", n_feeds))
+            # every node alone: one model as large as the graph, built and run in single engine calls
+            with Ticker(span, 0.6, 1.0, f"{where}: every node alone on the candidate (culprit search)",
+                        2 * (ref_s + cand_s)) as tick:
+                _run_isolation(ctx, iso, refs, out,
+                               _FeedSteps(tick, 0.6, 0.4, f"{where}: every node alone (culprit search)", n_feeds))
         del refs
     ctx.step(1.0, "layer-wise comparison done")
     return out

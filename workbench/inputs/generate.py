@@ -159,7 +159,7 @@ def resolve_shape(spec: InputSpec, override: list[int] | None) -> tuple[int, ...
             raise InputError(
                 f"input '{spec.name}' has dynamic dimension {i} ({d or '?'}) in {spec.shape_text}",
                 f"pass --input-shapes {spec.name}:[{example}] with N a number "
-                f"(Python: shapes={{'{spec.name}': [...]}})",
+                f"(Python: input_shapes={{'{spec.name}': [...]}})",
             )
     return tuple(dims)
 

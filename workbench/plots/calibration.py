@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from plotly.graph_objects import Bar, Figure, Scatter  # noqa: F401 - resolve plotly's lazy classes at import
 
 from ..calibrate.methods import RULES
+from . import esc, fit_title, short_labels
 
 METHOD_COLORS = {"max": "#d62728", "entropy": "#1f77b4", "percentile": "#2ca02c", "mse": "#9467bd",
                  "ort-entropy": "#17becf", "ort-percentile": "#8c564b", "imported": "#e377c2"}
@@ -20,8 +21,10 @@ CALIB_COLOR, EVAL_COLOR = "#607d8b", "#ff7f0e"
 MAX_BARS = 512
 #: thresholds closer than this fraction of the x range share one label on the plot
 LABEL_MERGE = 0.02
-#: vertical step (paper fraction) between the staggered threshold labels
-LABEL_STEP = 0.075
+#: vertical step (pixels) between the staggered threshold labels: an 11 px label with its box and padding
+LABEL_ROW_PX = 22
+#: threshold label text: dark on the labels' light boxes, in light and dark themes alike
+LABEL_TEXT = "#263238"
 
 
 def rule_tag(method: str) -> str:
@@ -90,24 +93,28 @@ def calibration_histogram(report: Any, tensor: str, methods: list[str] | None = 
                                  hoverinfo="skip"))
     for k, group in enumerate(_label_groups(lines, upto)):
         names = " = ".join(m + (" (used)" if m == report.method else "") for m, _ in group)
-        amax = group[0][1]
+        amax, top = group[0][1], group[-1][1]
+        value = f"{amax:.4g}" if f"{amax:.4g}" == f"{top:.4g}" else f"{amax:.4g}–{top:.4g}"
         right = amax > 0.85 * upto  # labels near the axis end extend to the left of their line
-        fig.add_annotation(x=amax, y=1 - LABEL_STEP * k, yref="paper", xanchor="right" if right else "left",
-                           showarrow=False,
-                           text=f"{names}: {amax:.4g}", font={"size": 11}, bgcolor="rgba(255,255,255,0.8)",
+        # one row per label, LABEL_ROW_PX apart whatever the plot's height: two labels never share a row
+        fig.add_annotation(x=amax, y=1, yref="paper", yanchor="top", yshift=-LABEL_ROW_PX * k,
+                           xanchor="right" if right else "left", showarrow=False,
+                           text=f"{names}: {value}", font={"size": 11, "color": LABEL_TEXT},
+                           bgcolor="rgba(255,255,255,0.85)", borderpad=2,
                            bordercolor=METHOD_COLORS.get(group[0][0], "#333"))
     notes = []
     if h.nonfinite:
         notes.append(f"{h.nonfinite:,} NaN/inf left out")
     if h.zeros:
         notes.append(f"{h.zeros:,} zeros")
-    fig.update_layout(title=f"{tensor}: |x| over the calibration data" + (f" ({', '.join(notes)})" if notes else ""),
+    fig.update_layout(title=esc(f"{tensor}: |x| over the calibration data" + (f" ({', '.join(notes)})" if notes
+                                                                              else "")),
                       xaxis_title="|x|", yaxis_title="fraction of values", template="plotly_white", bargap=0,
                       legend={"orientation": "h", "y": -0.18, "yanchor": "top", "font": {"size": 11}},
-                      margin={"t": 60}, height=420 + 22 * len(lines))
+                      margin={"t": 60}, height=420 + LABEL_ROW_PX * len(lines))
     if log_y:
         fig.update_yaxes(type="log")
-    return fig
+    return fit_title(fig)
 
 
 def _legend_text(report: Any, method: str, amax: float, err: Any, bound: Any) -> str:
@@ -139,16 +146,18 @@ def sensitivity_bars(report: Any, top: int = 20, methods: list[str] | None = Non
     toolchain."""
     worst = report.worst(k=top)
     names = [e.tensor for e in worst]
+    labels = [esc(t) for t in short_labels(names)]  # long tensor names shortened in the middle; hover: in full
     methods = list(methods or report.methods)
     fig = go.Figure()
     for method in methods:
         vals = [report.errors[t][method].worst_sqnr_db if method in report.errors.get(t, {}) else None
                 for t in names]
-        fig.add_trace(go.Bar(y=names, x=[v if v is None or math.isfinite(v) else None for v in vals],
+        fig.add_trace(go.Bar(y=labels, x=[v if v is None or math.isfinite(v) else None for v in vals],
                              orientation="h", name=rule_tag(method), marker_color=METHOD_COLORS.get(method),
-                             hovertemplate="%{y}<br>" + rule_tag(method) + ": %{x:.1f} dB<extra></extra>"))
+                             customdata=[esc(t) for t in names],
+                             hovertemplate="%{customdata}<br>" + rule_tag(method) + ": %{x:.1f} dB<extra></extra>"))
     fig.update_layout(title=f"most sensitive tensors under {rule_tag(report.method)} (worst-case SQNR, higher is "
                             "better)", barmode="group", xaxis_title="worst-case SQNR (dB)", template="plotly_white",
                       yaxis={"autorange": "reversed"}, height=max(300, 120 + len(names) * (10 + 5 * len(methods))),
                       legend={"orientation": "h", "y": -0.15})
-    return fig
+    return fit_title(fig)

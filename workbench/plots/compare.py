@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from ..compare.floor import FLOOR_MARGIN_DB
 from ..core.metric_info import HIGHER_IS_BETTER, LOG_METRICS, METRIC_INFO, unit_of
-from . import esc
+from . import esc, fit_title, short_label
 
 #: where an exact match (SQNR = inf dB) is drawn
 SQNR_EXACT_DB = 200.0
@@ -233,7 +233,7 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
                       hovermode="closest", template="plotly_white", legend={"orientation": "h", "y": -0.2})
     if log:
         fig.update_yaxes(type="log")
-    return fig
+    return fit_title(fig)
 
 
 def _add_floor_band(fig: go.Figure, tensors: list, m: str, x: list, custom: list, log: bool) -> None:
@@ -306,7 +306,7 @@ def metric_histogram(result, metric: str | None = None, bins: int = 40) -> go.Fi
                       yaxis_title="tensors", template="plotly_white")
     if log:
         fig.update_xaxes(type="log")
-    return fig
+    return fit_title(fig)
 
 
 def _gain_text(c) -> str:
@@ -332,8 +332,10 @@ def culprit_bars(result, metric: str | None = None) -> go.Figure:
     Harmless culprits (fixing them gains almost nothing) are labelled "(harmless)" and drawn pale."""
     m = _metric(result, metric)
     culprits = list(result.culprits)
-    names = [esc(f"{i}. {c.node} ({c.op_type})" + (" (harmless)" if c.harmless else ""))  # labels only
+    # tick labels: long node names shortened in the middle (numbered, so distinct); the hover names them in full
+    names = [esc(f"{i}. {short_label(c.node)} ({c.op_type})" + (" (harmless)" if c.harmless else ""))
              for i, c in enumerate(culprits, 1)]
+    full = [esc(f"{c.node} ({c.op_type})") for c in culprits]
     every = [_shown(getattr(c, key).get(m), m) for c in culprits for key in ("introduced", "received")]
     cap = _bad_cap(m, every, _threshold(result, m), False)
     gains = [_gain_text(c) for c in culprits]
@@ -351,19 +353,20 @@ def culprit_bars(result, metric: str | None = None) -> go.Figure:
             colors = [HARMLESS_COLOR if c.harmless else BAD_COLOR for c in culprits]
         else:
             colors = [OK_COLOR] * len(culprits)
-        custom = [[t, f, g, c.introduced.get("nonfinite_mismatch") or 0]
-                  for t, f, g, c in zip(text, floors, gains, culprits)]
+        custom = [[t, f, g, c.introduced.get("nonfinite_mismatch") or 0, n]
+                  for t, f, g, c, n in zip(text, floors, gains, culprits, full)]
         fig.add_trace(go.Bar(y=names, x=vals, orientation="h", name=label, marker_color=colors, text=text,
                              textposition="auto", customdata=custom,
-                             hovertemplate="%{y}<br>" + label + ": %{customdata[0]}<br>%{customdata[1]}"
+                             hovertemplate="%{customdata[4]}<br>" + label + ": %{customdata[0]}<br>%{customdata[1]}"
                              "<br>non-finite introduced: %{customdata[3]}<br>%{customdata[2]}<extra></extra>"))
     floor_x = [_shown((c.floor or {}).get(m), m) for c in culprits]
     if any(v is not None for v in floor_x):
         fig.add_trace(go.Scatter(y=names, x=floor_x, mode="markers", name="its output's precision floor",
                                  marker={"symbol": "line-ns-open", "size": 22, "color": FLOOR_COLOR,
                                          "line": {"width": 3, "color": FLOOR_COLOR}},
-                                 customdata=[[f, g] for f, g in zip(floors, gains)],
-                                 hovertemplate="%{y}<br>%{customdata[0]}<br>%{customdata[1]}<extra></extra>"))
+                                 customdata=[[f, g, n] for f, g, n in zip(floors, gains, full)],
+                                 hovertemplate="%{customdata[2]}<br>%{customdata[0]}<br>%{customdata[1]}"
+                                               "<extra></extra>"))
     threshold = _threshold(result, m)
     if threshold is not None:
         fig.add_vline(x=threshold, line={"color": BAD_COLOR, "dash": "dash", "width": 1},
@@ -375,7 +378,7 @@ def culprit_bars(result, metric: str | None = None) -> go.Figure:
                       xaxis_title=_axis_title(m), template="plotly_white",
                       yaxis={"autorange": "reversed"}, height=max(300, 120 + 60 * len(culprits)),
                       legend={"orientation": "h", "y": -0.25})
-    return fig
+    return fit_title(fig)
 
 
 def _finite(a: np.ndarray) -> tuple[np.ndarray, int]:
@@ -393,7 +396,10 @@ def value_histograms(ref: np.ndarray, cand: np.ndarray, name: str, bins: int = 8
     fig = make_subplots(rows=1, cols=2, subplot_titles=("values", "error (candidate - reference)"))
     both = np.concatenate([r, c])
     if both.size:
-        edges = np.histogram_bin_edges(both, bins=bins)
+        try:
+            edges = np.histogram_bin_edges(both, bins=bins)
+        except ValueError:  # (almost) constant values: one bin
+            edges = np.histogram_bin_edges(both, bins=1)
         centers = (edges[:-1] + edges[1:]) / 2
         for vals, color, label in ((r, REF_COLOR, "reference"), (c, CAND_COLOR, "candidate")):
             counts, _ = np.histogram(vals, bins=edges)
@@ -405,7 +411,10 @@ def value_histograms(ref: np.ndarray, cand: np.ndarray, name: str, bins: int = 8
             err = cc - rr
         err = err[np.isfinite(err)]
         if err.size:
-            counts, edges = np.histogram(err, bins=bins)
+            try:
+                counts, edges = np.histogram(err, bins=bins)
+            except ValueError:  # an (almost) constant error: too narrow a range for that many bins
+                counts, edges = np.histogram(err, bins=1)
             fig.add_trace(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, name="error", marker_color=BAD_COLOR),
                           row=1, col=2)
     note = f"non-finite: reference {r_bad}, candidate {c_bad}" if r_bad or c_bad else ""
@@ -414,7 +423,7 @@ def value_histograms(ref: np.ndarray, cand: np.ndarray, name: str, bins: int = 8
     scale = "log" if r.size > 1000 else "linear"  # long tails show on a log count axis
     fig.update_yaxes(title_text="count", type=scale, row=1, col=1)
     fig.update_yaxes(type=scale, row=1, col=2)
-    return fig
+    return fit_title(fig)
 
 
 def ref_vs_cand_scatter(ref: np.ndarray, cand: np.ndarray, max_points: int = 5000, seed: int = 0,
@@ -438,7 +447,7 @@ def ref_vs_cand_scatter(ref: np.ndarray, cand: np.ndarray, max_points: int = 500
     shown = f"{idx.size} of {n} elements" + (f", {int((~ok).sum())} non-finite left out" if (~ok).any() else "")
     fig.update_layout(title=esc(f"{name + ': ' if name else ''}candidate vs reference ({shown})"),
                       xaxis_title="reference", yaxis_title="candidate", template="plotly_white")
-    return fig
+    return fit_title(fig)
 
 
 def channel_error_heatmap(ref: np.ndarray, cand: np.ndarray, axis: int = 1, max_cols: int = 128,
@@ -450,7 +459,7 @@ def channel_error_heatmap(ref: np.ndarray, cand: np.ndarray, axis: int = 1, max_
     fig = go.Figure()
     if c is None or r.size == 0:
         fig.update_layout(title=esc(f"{name}: shapes differ, no per-channel view"))
-        return fig
+        return fit_title(fig)
     if r.ndim < 2:
         r, c, axis = r.reshape(1, -1), c.reshape(1, -1), 0
     axis = axis % r.ndim
@@ -469,4 +478,4 @@ def channel_error_heatmap(ref: np.ndarray, cand: np.ndarray, axis: int = 1, max_
     fig.update_layout(title=esc(f"{name + ': ' if name else ''}mean |error| per channel (axis {axis}) and position"),
                       xaxis_title=f"position (other axes flattened, {cols} groups)", yaxis_title="channel",
                       template="plotly_white")
-    return fig
+    return fit_title(fig)

@@ -157,6 +157,38 @@ def reveal(view: GraphView, node: str, depth: int | None, expanded: Iterable[str
     return opened
 
 
+def rank_matches(view: GraphView, text: str) -> list[int]:
+    """Indices of the nodes matching ``text``, best first: the exact name (case-sensitive, then not), the name's
+    last path segment exactly, then starting with ``text``, then the op type exactly, then any name containing
+    ``text`` (case-insensitive); topological order within each class. "Sigmoid.0" finds ``Sigmoid.0`` before
+    ``HardSigmoid.0``."""
+    text = (text or "").strip()
+    if not text:
+        return []
+    low = text.lower()
+    ranked: list[tuple[int, int]] = []
+    for i, name in enumerate(view.names):
+        lname = name.lower()
+        last = lname.rstrip("/").rsplit("/", 1)[-1]
+        if name == text:
+            rank = 0
+        elif lname == low:
+            rank = 1
+        elif last == low:
+            rank = 2
+        elif last.startswith(low):
+            rank = 3
+        elif view.ops[i].lower() == low:
+            rank = 4
+        elif low in lname:
+            rank = 5
+        else:
+            continue
+        ranked.append((rank, i))
+    ranked.sort()
+    return [i for _, i in ranked]
+
+
 # --- overlays ------------------------------------------------------------------------------------------------
 def _op_colors(view: GraphView) -> dict[str, str]:
     ranked = [op for op, _ in Counter(view.ops).most_common()]
@@ -348,7 +380,7 @@ def graph_figure(view: GraphView, **options: Any):
     """The same view as a static plotly figure (for reports and notebooks without widgets)."""
     import plotly.graph_objects as go
 
-    from . import esc
+    from . import esc, fit_title
 
     p = graph_payload(view, **options)
     ex, ey = [], []
@@ -371,4 +403,4 @@ def graph_figure(view: GraphView, **options: Any):
     fig.update_layout(title=esc(p["title"] or f"graph: {OVERLAYS[p['overlay']]}"), template="plotly_white",
                       xaxis={"visible": False}, yaxis={"visible": False}, hovermode="closest",
                       height=max(400, min(2000, 40 * (max(p["y"], default=0) + 2))))
-    return fig
+    return fit_title(fig)

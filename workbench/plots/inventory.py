@@ -7,7 +7,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.graph_objects import Bar, Figure, Scatter  # noqa: F401 - resolve plotly's lazy classes at import
 
-from . import esc
+from . import esc, fit_title
 
 DOMAIN_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#9c755f"]
 
@@ -50,4 +50,4 @@ def inventory_bar(source: Any, top: int | None = 40) -> go.Figure:
                              "categoryarray": [esc(r["op_type"]) for r in rows]},
                       height=max(260, 90 + 22 * len(rows)), legend={"title": "domain"},
                       margin={"l": 10, "r": 10, "t": 50, "b": 40})
-    return fig
+    return fit_title(fig)

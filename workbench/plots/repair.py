@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from ..core.floats import decode_float
 from ..core.metric_info import HIGHER_IS_BETTER, unit_of
-from . import esc
+from . import esc, fit_title
 from .compare import BAD_COLOR, OK_COLOR, SQNR_EXACT_DB
 
 BEFORE_COLOR = "#9e9e9e"
@@ -126,4 +126,4 @@ def repair_outputs_figure(result: Any, height: int = 320) -> go.Figure:
                       template="plotly_white", height=height, margin={"l": 60, "r": 20, "t": 50, "b": 40},
                       legend={"orientation": "h", "y": -0.2},
                       yaxis_title=f"{metric}{f' ({unit})' if unit else ''}" if metric else "")
-    return fig
+    return fit_title(fig)

@@ -5,7 +5,8 @@
 
 Every panel also works alone (``ModelPanel(model)``, ``ComparePanel(model)``, ...). Panels hold no numerics:
 they call the core (inspect, compare, calibrate, inspect_tensor, repair, reduce) and the plots. Long work runs on a
-thread with a progress bar and Cancel, so the kernel stays responsive.
+thread with a progress bar and Cancel, so the kernel stays responsive; what it finds reaches the widgets and the
+shared state on the kernel's thread (:mod:`workbench.ui.kernel_thread`).
 """
 
 from __future__ import annotations

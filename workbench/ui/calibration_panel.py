@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
+import traitlets
 
 from ..calibrate.methods import DEFAULT_METHOD, DEFAULT_PERCENTILES, METHODS, RULES
 from ..calibrate.ort_rules import ENTROPY_BINS, QUANTIZED_BINS
 from ..plots.calibration import calibration_histogram, sensitivity_bars
+from .downloads import download_html
 from .figures import show_figure
+from .inputs_box import parse_shapes, shapes_note_html, shapes_template
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
@@ -52,6 +56,11 @@ class CalibrationPanel(widgets.VBox):
                                       layout=widgets.Layout(width="520px"))
         self.eval_count = widgets.BoundedIntText(value=8, min=0, max=100_000, description="random N",
                                                  layout=widgets.Layout(width="180px"))
+        self.shapes = widgets.Text(placeholder="x:[1,3,224,224] (random feeds only)", description="shapes",
+                                   tooltip="input shapes of the random feeds (shared with Compare)",
+                                   layout=widgets.Layout(width="520px"))
+        self.shapes_note = widgets.HTML()
+        self._shapes_link = traitlets.link((self.state, "input_shapes"), (self.shapes, "value"))
         self.methods = widgets.SelectMultiple(options=[rule_option(m) for m in METHODS], value=METHODS,
                                               rows=len(METHODS), description="rules",
                                               layout=widgets.Layout(width="640px"))
@@ -88,16 +97,17 @@ class CalibrationPanel(widgets.VBox):
         self.qdq_path = widgets.Text(description="QDQ model", layout=widgets.Layout(width="560px"))
         self.qdq_button = widgets.Button(description="Save QDQ model", icon="save", disabled=True)
         self.export_note = widgets.HTML()
-        self.export_jobs = JobControls()
+        self.export_jobs = JobControls(locks=[self.run_button])  # one job at a time: none mid-export
         self.cache_button.on_click(lambda _: self.export_cache())
         self.qdq_button.on_click(lambda _: self.export_qdq())
         self._quiet = False  # set while a new report fills the tensor list: it draws once, after
         for w in (self.tensor, self.log_y, self.show_eval):
             w.observe(lambda _: None if self._quiet else self._draw_tensor(), "value")
         self.state.observe(lambda _: self.refresh(), "calibration")
-        self.state.observe(lambda _: self._default_paths(), "model")
+        self.state.observe(lambda _: self._on_model(), "model")
         setup = widgets.VBox([
             widgets.HBox([self.data_path, self.data_count]), widgets.HBox([self.eval_path, self.eval_count]),
+            self.shapes, self.shapes_note,
             self.methods, self.rank_method, widgets.HBox([self.rule_percentile, self.percentile]),
             widgets.HBox([self.ort_entropy_bins, self.seed]), self.run_button, self.jobs])
         super().__init__([
@@ -110,42 +120,64 @@ class CalibrationPanel(widgets.VBox):
             heading("Export"), self.export_method, widgets.HBox([self.cache_path, self.cache_button]),
             widgets.HBox([self.qdq_path, self.qdq_button]), self.export_jobs, self.export_note,
         ])
-        self._default_paths()
+        self.add_class("wb-root")
+        self._on_model()
         self.refresh()
 
-    def _default_paths(self) -> None:
-        if self.state.model is None:
+    def _on_model(self) -> None:
+        """Default export names for the model (relative: they go under the output folder, made when first
+        written) and its input shapes described under the shapes field."""
+        model = self.state.model
+        self.shapes_note.value = shapes_note_html(model)
+        self.shapes.placeholder = "the model's input shapes are fixed: nothing to fill" \
+            if model is not None and not shapes_template(model) else "x:[1,3,224,224] (random feeds only)"
+        if model is None:
             return
-        stem = self.state.model.name.rsplit(".", 1)[0] or "model"
-        out = self.state.out_dir()
-        self.cache_path.value = str(out / f"{stem}.calib.cache")
-        self.qdq_path.value = str(out / f"{stem}.int8.qdq.onnx")
+        stem = model.name.rsplit(".", 1)[0] or "model"
+        self.cache_path.value = f"{stem}.calib.cache"
+        self.qdq_path.value = f"{stem}.int8.qdq.onnx"
+        for w in (self.cache_path, self.qdq_path):
+            w.placeholder = "a path; relative paths go under the output folder"
 
     # --- running ---------------------------------------------------------------------------------------------
     def run(self):
-        """Calibrate the state's model on a thread; returns the thread (None if one is running)."""
+        """Calibrate the state's model on a thread; returns the thread (None if one is running or the options are
+        bad: the reason is shown). A run replaces the current calibration: it is cleared when the run starts and
+        stays cleared, with the reason, after a Cancel or a failure."""
         from ..calibrate import calibrate
 
+        if self.jobs.running or self.export_jobs.running:  # one job at a time in this panel
+            busy = self.jobs if self.jobs.running else self.export_jobs
+            return busy.start("calibration", lambda _p, _c: None)  # says: wait for it, or cancel it
+        data = self.data_path.value.strip() or int(self.data_count.value)
+        evaluation = self.eval_path.value.strip() or (int(self.eval_count.value) or None)
         try:
             model = self.state.require_model()
+            random = isinstance(data, int) or isinstance(evaluation, int)
+            shapes = parse_shapes(model, self.shapes.value) if random else None
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self.jobs.status.value = error_html(e, "calibration")
             return None
-        data = self.data_path.value.strip() or int(self.data_count.value)
-        evaluation = self.eval_path.value.strip() or (int(self.eval_count.value) or None)
         methods, rank = tuple(self.methods.value) or METHODS, self.rank_method.value
         percentile = None if self.rule_percentile.value else float(self.percentile.value)
         bins, seed = int(self.ort_entropy_bins.value), int(self.seed.value)
+        what = f"{data} random feed(s)" if isinstance(data, int) else data
+        self.state.calibration = None  # the previous report goes everywhere (refresh clears the results)
+        self.summary.value = message_html(f"calibrating on {what}...", "info")
 
         def work(progress, cancel):
             return calibrate(model, data, methods=methods, method=rank, percentile=percentile,
-                             ort_entropy_bins=bins, eval_data=evaluation, seed=seed, progress=progress,
-                             cancel=cancel)
+                             ort_entropy_bins=bins, eval_data=evaluation, seed=seed, input_shapes=shapes,
+                             progress=progress, cancel=cancel)
 
         def done(report):
             self.state.calibration = report
 
-        return self.jobs.start("calibration", work, done)
+        def failed(_e):
+            said = "cancelled" if self.jobs.cancelled else "failed (the reason is above)"
+            self.summary.value = message_html(f"the calibration on {what} {said}: no current calibration", "warn")
+
+        return self.jobs.start("calibration", work, done, failed)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.jobs.wait(timeout) and self.export_jobs.wait(timeout)
@@ -236,7 +268,8 @@ class CalibrationPanel(widgets.VBox):
             self.export_note.value = error_html(e, "writing the cache")
             return None
         self.export_note.value = message_html(
-            f"TensorRT cache written with '{method}' ({report.rule(method)}) thresholds: {written}", "ok")
+            f"TensorRT cache written with '{method}' ({report.rule(method)}) thresholds: {written}", "ok") + \
+            download_html(written, "Download the TensorRT cache", show_path=False)
         return written
 
     def export_qdq(self):
@@ -257,7 +290,8 @@ class CalibrationPanel(widgets.VBox):
 
         def done(written):
             self.export_note.value = message_html(
-                f"QDQ model saved with '{method}' ({report.rule(method)}) ranges: {written}", "ok")
+                f"QDQ model saved with '{method}' ({report.rule(method)}) ranges: {written}", "ok") + \
+                download_html(Path(written), "Download the QDQ model", show_path=False)
 
         return self.export_jobs.start("QDQ export", work, done)
 

@@ -13,6 +13,7 @@ import ipywidgets as widgets
 
 from ..compare.text import fmt as fmt_metric
 from ..core.metric_info import HIGHER_IS_BETTER, JUDGED, METRIC_INFO
+from .downloads import download_html
 from .engine_pair import EnginePair
 from .inputs_box import InputsBox
 from .jobs import JobControls
@@ -45,7 +46,7 @@ class ComparePanel(widgets.VBox):
         self.engine_note = widgets.HTML()
         self.precision = widgets.HTML()
         self._model_precision: tuple[str, Any] | None = None  # (fingerprint, Precision) of the loaded model
-        self.inputs = InputsBox()
+        self.inputs = InputsBox(state=self.state)
         self.metric = widgets.Dropdown(options=[AUTO_METRIC, *JUDGED],
                                        value=AUTO_METRIC, description="metric", layout=widgets.Layout(width="360px"))
         self.threshold = widgets.FloatText(value=30.0, description="tolerance", disabled=True,
@@ -59,6 +60,7 @@ class ComparePanel(widgets.VBox):
         self.run_button.on_click(lambda _: self.run())
         self.jobs = JobControls(locks=[self.run_button])
         self.summary = widgets.HTML()
+        self.stale_note = widgets.HTML()
         self.culprit_rows = widgets.VBox()
         self.tensors = widgets.HTML()
         self.save_path = widgets.Text(placeholder="result.json (relative paths go under the output folder)",
@@ -76,9 +78,10 @@ class ComparePanel(widgets.VBox):
         super().__init__([
             style_tag(), heading("Engines and precisions"), pickers, heading("Inputs"), self.inputs,
             heading("Divergence criterion"), widgets.HBox([self.metric, self.threshold]), self.tolerance_note,
-            self.mode, widgets.HBox([self.run_button]), self.jobs, heading("Results"), self.summary,
+            self.mode, widgets.HBox([self.run_button]), self.jobs, heading("Results"), self.stale_note, self.summary,
             self.culprit_rows, self.tensors, widgets.HBox([self.save_path, self.save_button]), self.save_note,
         ])
+        self.add_class("wb-root")
         self._on_engine()
         self._on_metric()
         if self.state.result is not None:
@@ -107,6 +110,17 @@ class ComparePanel(widgets.VBox):
         self.precision.value = _precision_html(self.expected_precision(), "expected")
         if self.metric.value == AUTO_METRIC:
             self._on_metric()
+        self._mark_stale()
+
+    def _mark_stale(self) -> None:
+        """Say so when the result shown is of another engine pair than the pickers now show."""
+        result = self.state.result
+        if result is not None and (result.reference, result.candidate) != (self.reference, self.candidate):
+            self.stale_note.value = message_html(
+                f"the results below compare {result.candidate} against {result.reference}; the engines above now "
+                f"say {self.candidate} against {self.reference}: press Run to compare those", "warn")
+        else:
+            self.stale_note.value = ""
 
     def expected_precision(self) -> dict:
         """``{"reference"|"candidate": Precision}``: what each side will compute in, as the comparison infers it
@@ -174,9 +188,16 @@ class ComparePanel(widgets.VBox):
 
     # --- running ---------------------------------------------------------------------------------------------
     def run(self):
-        """Start compare() on a thread with the chosen options; returns the thread (None if one is running)."""
+        """Start compare() on a thread with the chosen options; returns the thread (None if one is running or the
+        options are bad: the reason is shown).
+
+        A run replaces the current result: the results area (here, and the result the other panels show) is
+        cleared when it starts, and stays cleared with the reason after a Cancel or a failure, so no panel shows
+        culprits of an earlier run (maybe of another engine pair) as if they were this one's."""
         from ..compare.api import compare
 
+        if self.jobs.running:
+            return self.jobs.start("comparison", lambda _p, _c: None)  # says: wait for it, or cancel it
         try:
             model = self.state.require_model()
             options = self.inputs.feed_options()
@@ -185,8 +206,10 @@ class ComparePanel(widgets.VBox):
             self.jobs.status.value = error_html(e, "the comparison")
             return None
         reference, candidate, mode = self.reference, self.candidate, self.mode.value
-        self.summary.value = message_html(f"comparing {candidate} against {reference} on "
-                                          f"{self.inputs.describe()}...", "info")
+        what = f"{candidate} against {reference} on {html.unescape(self.inputs.describe())}"
+        self.state.result = None  # every panel drops the previous result (its observers clear them)
+        self.show_result(None)
+        self.summary.value = message_html(f"comparing {what}...", "info")
 
         def work(progress, cancel):
             return compare(model, reference, candidate, mode=mode, criterion=criterion, progress=progress,
@@ -197,7 +220,9 @@ class ComparePanel(widgets.VBox):
             self.state.result = result
 
         def failed(_e):
-            self.summary.value = ""
+            self.show_result(None)
+            said = "cancelled" if self.jobs.cancelled else "failed (the reason is above)"
+            self.summary.value = message_html(f"the comparison of {what} {said}: no current result", "warn")
 
         return self.jobs.start("comparison", work, done, failed)
 
@@ -211,6 +236,8 @@ class ComparePanel(widgets.VBox):
     def show_result(self, result: Any) -> None:
         """Verdict, precisions, outputs, internal dips, culprits (each a button that selects it everywhere) and
         the per-tensor table."""
+        self.save_note.value = ""
+        self._mark_stale()
         if result is None:
             self.summary.value, self.tensors.value = "", ""
             self.culprit_rows.children = ()
@@ -253,18 +280,21 @@ class ComparePanel(widgets.VBox):
         self.state.selected = node
         self.state.request_show("errors")
 
-    def save(self) -> None:
+    def save(self):
+        """Write the current result's JSON (to the typed path, else the output folder) and offer it as a download
+        link; returns the path written (None if nothing was)."""
         result = self.state.result
         if result is None:
-            return
+            return None
         try:
             path = self.state.resolve_output(self.save_path.value, "result.json")
             written = result.save_json(path)
+            link = download_html(written, "Download the result JSON", show_path=False)
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self.save_note.value = error_html(e, "saving the result")
-            return
-        self.save_note.value = message_html(f"saved {written}", "ok")
-
+            return None
+        self.save_note.value = message_html(f"saved {written}", "ok") + link
+        return written
 
 
 def _precision_html(precision: dict, what: str) -> str:
@@ -277,7 +307,7 @@ def _precision_html(precision: dict, what: str) -> str:
         name = p.precision if hasattr(p, "precision") else p.get("precision", "?")
         source = p.source if hasattr(p, "source") else p.get("precision_source", "")
         parts.append(f'{side} <b title="{html.escape(source, quote=True)}">{html.escape(str(name))}</b> '
-                     f'<span style="font-size:11px;color:#607d8b">({html.escape(source)})</span>')
+                     f'<span class="wb-muted wb-small">({html.escape(source)})</span>')
     if not parts:
         return ""
     return f'<div class="wb-culprit">{html.escape(what)} precision: ' + "; ".join(parts) + "</div>"
@@ -351,9 +381,9 @@ def culprit_html(c: Any, metric: str) -> str:
     """One culprit: harmful / harmless / below the criterion, the error it introduces (and beyond its floor),
     what fixing it gains on the outputs (when measured) and the explanation."""
     if c.harmless:
-        label = '<b style="color:#607d8b">harmless</b>'
+        label = '<b class="wb-muted">harmless</b>'
     elif c.introduces_divergence:
-        label = '<b style="color:#c62828">harmful</b>'
+        label = '<b class="wb-bad">harmful</b>'
     else:
         label = "<b>below the criterion</b>"
     m = html.escape(metric)

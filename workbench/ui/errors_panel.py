@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import logging
+import threading
 from typing import Any
 
 import ipywidgets as widgets
@@ -53,8 +54,11 @@ class ErrorsPanel(widgets.VBox):
         self.values_plot = widgets.Output()
         self.scatter_plot = widgets.Output(layout=widgets.Layout(width="50%"))
         self.channel_plot = widgets.Output(layout=widgets.Layout(width="50%"))
+        # the layer-values probe (engines ready for one result): built on the job's worker, kept for the result
+        # it serves (checked by identity); read, set and dropped only under the lock, never held while building
         self._probe = None
         self._probe_for = None
+        self._probe_lock = threading.Lock()
         self._updating = False
         self.metric.observe(lambda _: self._draw_curve(), "value")
         for w in (self.feed, self.axis):
@@ -66,6 +70,7 @@ class ErrorsPanel(widgets.VBox):
             self.more, heading("Selected layer"), self.detail_title, self.jobs, self.values_plot,
             widgets.HBox([self.scatter_plot, self.channel_plot]),
         ])
+        self.add_class("wb-root")
         self.refresh()
 
     # --- curve -----------------------------------------------------------------------------------------------
@@ -78,7 +83,9 @@ class ErrorsPanel(widgets.VBox):
 
     def _refresh(self) -> None:
         result = self.state.result
-        self._probe, self._probe_for = None, None
+        with self._probe_lock:  # a new result: the probe of the old one goes (a job may rebuild it)
+            if self._probe_for is not result:
+                self._probe, self._probe_for = None, None
         if result is None:
             self.message.value = message_html("no comparison yet: run one in the Compare panel", "info")
             self.curve_box.children = ()
@@ -184,18 +191,22 @@ class ErrorsPanel(widgets.VBox):
             from ..inspect_tensor import probe_for
             from ..plots.compare import channel_error_heatmap, ref_vs_cand_scatter, value_histograms
 
-            if self._probe is None or self._probe_for is not result:
+            with self._probe_lock:
+                probe = self._probe if self._probe_for is result else None
+            if probe is None:
                 progress(0.1, "preparing both engines")
-                self._probe, self._probe_for = probe_for(result, model), result
+                probe = probe_for(result, model)
+                with self._probe_lock:
+                    self._probe, self._probe_for = probe, result
             progress(0.4, f"running both sides for {tensor.tensor}")
-            ref, cand = self._probe.values(tensor.tensor, feed)
+            ref, cand = probe.values(tensor.tensor, feed)
             progress(0.8, "drawing")
             return (value_histograms(ref, cand, tensor.tensor),
                     ref_vs_cand_scatter(ref, cand, name=tensor.tensor),
                     channel_error_heatmap(ref, cand, axis=axis if ref.ndim > 1 else 0, name=tensor.tensor))
 
         def done(figures):
-            if self.state.selected != node:
+            if self.state.selected != node or self.state.result is not result:
                 return  # the user moved on while this ran
             for out, fig in zip((self.values_plot, self.scatter_plot, self.channel_plot), figures):
                 show_figure(out, fig)
@@ -236,8 +247,8 @@ def layer_html(result: Any, tensor: Any, metric: str) -> str:
     if tensor.tensor in set(result.outputs):
         text += " &middot; <b>graph output</b>"
     if tensor.diverged:
-        text += (" <b style='color:#c62828'>diverged</b>" if result.diverged else
-                 " <b style='color:#e65100'>internal dip</b> (the outputs pass)")
+        text += (" <b class='wb-bad'>diverged</b>" if result.diverged else
+                 " <b class='wb-dip'>internal dip</b> (the outputs pass)")
     elif tensor.at_floor:
-        text += " <b style='color:#00838f'>at its floor</b> (the format cannot hold the values; not diverged)"
+        text += " <b class='wb-floor'>at its floor</b> (the format cannot hold the values; not diverged)"
     return text

@@ -7,7 +7,11 @@ import json
 import threading
 from typing import Any
 
+from .kernel_thread import on_kernel
+
 MIME = "application/vnd.plotly.v1+json"
+#: figures waiting for their panel's first paint (see :func:`show_figure_after_paint`)
+_WAITING: set[threading.Timer] = set()
 
 
 def figure_bundle(fig: Any) -> dict:
@@ -38,10 +42,22 @@ def show_figure_after_paint(out: Any, fig: Any, beacon: Any, timeout_s: float = 
             done.set()
             show_figure(out, fig)
 
+    def late() -> None:
+        on_kernel(fill)  # the widget is set on the kernel's thread
+        _WAITING.discard(timer)
+
     beacon.on_painted(fill)
-    timer = threading.Timer(timeout_s, fill)
+    timer = threading.Timer(timeout_s, late)
+    _WAITING.add(timer)
     timer.daemon = True
     timer.start()
+
+
+def wait_figures(timeout: float = 10.0) -> bool:
+    """Block until every figure waiting for a paint has been handed to the kernel's thread (recording)."""
+    for timer in list(_WAITING):
+        timer.join(timeout)
+    return not _WAITING
 
 
 def _shell():

@@ -1,5 +1,7 @@
 """Graph panel: the model's DAG with colour overlays, search, k-hop focus and name-scope collapsing, linked to
-the other panels through the shared selection."""
+the other panels through the shared selection. The view (pan and zoom) stays where the user put it when the
+overlay changes, a scope opens or a result arrives; it is framed again only for a new model, a new detail level,
+a focus and "Whole graph"."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..plots.graph import OVERLAYS, GraphView, auto_depth, graph_payload, items_at, reveal
+from ..plots.graph import OVERLAYS, GraphView, auto_depth, graph_payload, items_at, rank_matches, reveal
 from .graph_widget import GraphWidget
 from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
@@ -19,12 +21,17 @@ log = logging.getLogger(__name__)
 
 #: result-free overlays; the others need a comparison
 STATIC_OVERLAYS = ("op_type", "precision")
+#: matches ringed (and their scopes opened) in the graph
 MAX_MATCHES = 50
+#: matches listed under the search box
+MAX_LISTED = 200
 
 
 class GraphPanel(widgets.VBox):
     """``GraphPanel(model)`` or ``GraphPanel(state=...)``. Large graphs start collapsed by name scope to at
-    most ``max_nodes`` boxes; double-click a scope to open it, search a name to reveal and centre it."""
+    most ``max_nodes`` boxes; double-click a scope to open it, search a name (the box above the graph, or
+    :meth:`find`) to reveal and centre it: matches are listed best first (the exact name first) and stepped
+    through with Enter / Shift+Enter, the arrow keys or the buttons."""
 
     def __repr__(self) -> str:
         return fallback_repr(self)
@@ -40,8 +47,6 @@ class GraphPanel(widgets.VBox):
         self.overlay = widgets.Dropdown(options=[(v, k) for k, v in OVERLAYS.items()], value="op_type",
                                         description="colour", layout=widgets.Layout(width="280px"))
         self.depth = widgets.Dropdown(description="detail", layout=widgets.Layout(width="230px"))
-        self.search = widgets.Text(placeholder="find a node by name (Enter)", continuous_update=False,
-                                   layout=widgets.Layout(width="300px"))
         self.hops = widgets.BoundedIntText(value=2, min=1, max=20, description="hops",
                                            layout=widgets.Layout(width="130px"))
         self.focus_button = widgets.Button(description="Focus", icon="crosshairs",
@@ -52,10 +57,12 @@ class GraphPanel(widgets.VBox):
         self.message = widgets.HTML("")
         self.info = widgets.HTML("")
         self.show_errors = widgets.Button(description="Show in Errors", icon="line-chart", disabled=True)
+        self.matches: list[str] = []
+        self._quiet_query = False
         self.overlay.observe(lambda _: self.refresh(), "value")
         self.depth.observe(self._on_depth, "value")
         self.constants.observe(lambda _: self._on_model(), "value")
-        self.search.observe(lambda ch: self.find(ch["new"]), "value")
+        self.canvas.observe(self._on_query, "query")
         self.focus_button.on_click(lambda _: self.focus_on(self.state.selected))
         self.reset_button.on_click(lambda _: self.whole_graph())
         self.show_errors.on_click(lambda _: self.state.request_show("errors"))
@@ -64,9 +71,10 @@ class GraphPanel(widgets.VBox):
         self.state.observe(self._on_model, "model")
         self.state.observe(self._on_result, "result")
         self.state.observe(self._on_selected, "selected")
-        bar1 = widgets.HBox([self.overlay, self.depth, self.search])
+        bar1 = widgets.HBox([self.overlay, self.depth])
         bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.constants, self.show_errors])
         super().__init__([style_tag(), bar1, bar2, self.message, self.canvas, self.info])
+        self.add_class("wb-root")
         self._on_model()
         if self.state.result is not None:
             self._on_result()
@@ -76,7 +84,8 @@ class GraphPanel(widgets.VBox):
     # --- state -> view ---------------------------------------------------------------------------------------
     def _on_model(self, _change: Any = None) -> None:
         model = self.state.model
-        self.expanded, self.focus = set(), None
+        self.expanded, self.focus, self.matches = set(), None, []
+        self.canvas.matches, self.canvas.match_total = [], 0
         if model is None:
             self.view = None
             self.message.value = message_html("no model loaded", "warn")
@@ -99,7 +108,7 @@ class GraphPanel(widgets.VBox):
                 "(search a name, or Focus on a node's neighbourhood).", "info")
         else:
             self.message.value = ""
-        self.refresh()
+        self.refresh(fit=True)
 
     def _on_result(self, _change: Any = None) -> None:
         if self.state.result is not None and self.overlay.value in STATIC_OVERLAYS:
@@ -126,10 +135,11 @@ class GraphPanel(widgets.VBox):
 
     def _on_depth(self, _change: Any) -> None:
         self.expanded = set()
-        self.refresh()
+        self.refresh(fit=True)
 
-    def refresh(self) -> None:
-        """Recompute the view (layout, colours) and send it to the canvas."""
+    def refresh(self, fit: bool = False, anchor: tuple[str, str] | None = None) -> None:
+        """Recompute the view (layout, colours) and send it to the canvas. ``fit``: frame the whole graph; else
+        the pan and zoom stay, ``anchor`` (an id of the old layout, one of the new) keeping its place."""
         if self.view is None:
             return
         overlay = self.overlay.value
@@ -137,27 +147,52 @@ class GraphPanel(widgets.VBox):
             self.message.value = message_html(f"'{OVERLAYS[overlay]}' needs a comparison: run one in Compare", "info")
             overlay = "op_type"
         try:
-            self.canvas.data = graph_payload(
+            data = graph_payload(
                 self.view, overlay=overlay, result=self.state.result, depth=self._depth(), expanded=self.expanded,
                 focus=self.focus, hops=self.hops.value, title=self.state.model.name if self.focus is None else "")
+            data["view"] = "fit" if fit else "keep"
+            if anchor is not None:
+                data["anchor"] = list(anchor)
+            self.canvas.data = data
         except Exception as e:  # noqa: BLE001 - a view that cannot be drawn is reported, not raised
             self.message.value = error_html(e, "drawing the graph")
 
     # --- user actions ----------------------------------------------------------------------------------------
     def find(self, text: str) -> list[str]:
-        """Select the first node whose name contains ``text`` (case-insensitive); highlight every match."""
-        text = (text or "").strip().lower()
+        """What typing ``text`` in the search box does: rank the nodes matching it (the exact name first, see
+        :func:`~workbench.plots.graph.rank_matches`), list them under the box, ring the first MAX_MATCHES and
+        select the best. Returns the matching names, best first."""
+        self._quiet_query = True
+        try:
+            self.canvas.query = (text or "").strip()
+        finally:
+            self._quiet_query = False
+        return self._search(text)
+
+    def _on_query(self, change: dict) -> None:
+        if not self._quiet_query:
+            self._search(change["new"])
+
+    def _search(self, text: str) -> list[str]:
+        text = (text or "").strip()
         if self.view is None or not text:
-            self.canvas.highlight = []
+            self.matches = []
+            self.canvas.matches, self.canvas.match_total, self.canvas.highlight = [], 0, []
             return []
-        matches = [n for n in self.view.names if text in n.lower()]
+        ranked = rank_matches(self.view, text)
+        matches = [self.view.names[i] for i in ranked]
+        self.matches = matches
+        with self.canvas.hold_sync():
+            self.canvas.matches = [[self.view.names[i], self.view.ops[i]] for i in ranked[:MAX_LISTED]]
+            self.canvas.match_total = len(matches)
         if not matches:
             self.message.value = message_html(f"no node name contains '{text}'", "warn")
             self.canvas.highlight = []
             return []
         self.message.value = message_html(
-            f"{len(matches)} match(es)" + (f"; the first {MAX_MATCHES} highlighted" if len(matches) > MAX_MATCHES
-                                             else ""), "info")
+            f"{len(matches)} match(es), best first" + (f"; the first {MAX_MATCHES} ringed" if len(matches) >
+                                                       MAX_MATCHES else "")
+            + ": Enter or \u2193 for the next, Shift+Enter or \u2191 for the previous", "info")
         for name in matches[:MAX_MATCHES]:
             if self.focus is None and self._depth() is not None:
                 self.expanded = reveal(self.view, name, self._depth(), self.expanded)
@@ -167,6 +202,16 @@ class GraphPanel(widgets.VBox):
         self.canvas.highlight = matches[:MAX_MATCHES]
         self.select(matches[0])
         return matches
+
+    def step_match(self, step: int = 1) -> str | None:
+        """Select the next (``step`` 1) or previous (-1) match of the last search, as Enter / Shift+Enter do."""
+        if not self.matches:
+            return None
+        current = self.state.selected
+        k = self.matches.index(current) if current in self.matches else -1
+        name = self.matches[(k + step) % len(self.matches)]
+        self.select(name)
+        return name
 
     def select(self, name: str) -> None:
         """Select node ``name`` here and in every linked panel."""
@@ -181,13 +226,13 @@ class GraphPanel(widgets.VBox):
             self.message.value = message_html("select a node first (click it, or search its name)", "warn")
             return
         self.focus = name
-        self.refresh()
+        self.refresh(fit=True)
         self.canvas.selected = name
 
     def whole_graph(self) -> None:
         self.focus, self.expanded = None, set()
         self.message.value = ""
-        self.refresh()
+        self.refresh(fit=True)
         if self.state.selected:
             self._on_selected({"new": self.state.selected})
 
@@ -207,9 +252,22 @@ class GraphPanel(widgets.VBox):
             self.expand(str(content["id"]))
 
     def expand(self, scope: str) -> None:
-        """Open a collapsed scope (``scope:/a/b``) one level."""
+        """Open a collapsed scope (``scope:/a/b``) one level. The view stays put (the scope's first box takes
+        its place) and the selected node stays selected (a click on the scope had moved the ring to it)."""
+        before = set(self.canvas.data.get("ids", []))
         self.expanded.add(scope)
-        self.refresh()
+        after = items_at(self.view, self._depth(), self.expanded)[0] if self.view is not None and \
+            self.focus is None else list(before)
+        inside = scope[6:].rstrip("/") + "/"
+        first = next((i for i in after if i not in before
+                      and (i[6:] if i.startswith("scope:") else i).startswith(inside)), None)
+        self.refresh(anchor=(scope, first) if first is not None else None)
+        kept = self.state.selected if self.state.selected in after else ""
+        self.canvas.selected = kept
+        if kept:
+            self._describe(kept)
+        else:
+            self.info.value = ""
 
     def _describe(self, name: str) -> None:
         model, result = self.state.model, self.state.result
@@ -226,7 +284,7 @@ class GraphPanel(widgets.VBox):
                     shown = f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
                     lines.append(f"{html.escape(result.criterion.metric)}: {shown}")
                     if t.diverged:
-                        lines.append("<b style='color:#c62828'>diverged</b>")
+                        lines.append("<b class='wb-bad'>diverged</b>")
                     break
             for k, c in enumerate(result.culprits, 1):
                 if c.node == name:

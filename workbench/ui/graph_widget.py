@@ -1,8 +1,10 @@
 """The graph canvas: an anywidget around ``static/graph.js`` (shipped in the package: works offline).
 
-Python sends the laid-out view (:func:`workbench.plots.graph.graph_payload`) in ``data``; the browser draws,
-pans, zooms and reports a click by setting ``selected`` (a node name or ``scope:/a/b``) and a double click on a
-collapsed scope with the message ``{"event": "expand", "id": ...}``."""
+Python sends the laid-out view (:func:`workbench.plots.graph.graph_payload`) in ``data`` (plus ``view``: "fit"
+or "keep" the pan/zoom, and ``anchor``); the browser draws, pans, zooms and reports a click by setting
+``selected`` (a node name or ``scope:/a/b``) and a double click on a collapsed scope with the message
+``{"event": "expand", "id": ...}``. The search box sets ``query``; Python answers with ``matches`` (best first)
+and selects the first; the browser lists them and steps through them (Enter / Shift+Enter, arrows, buttons)."""
 
 from __future__ import annotations
 
@@ -23,3 +25,6 @@ class GraphWidget(anywidget.AnyWidget):
     selected = Unicode("").tag(sync=True)
     highlight = List(Unicode()).tag(sync=True)
     height = Int(560).tag(sync=True)
+    query = Unicode("").tag(sync=True)
+    matches = List().tag(sync=True)
+    match_total = Int(0).tag(sync=True)

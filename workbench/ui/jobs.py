@@ -1,6 +1,7 @@
 """Background jobs for panels: the work runs on a thread (the kernel stays responsive), a progress bar follows
 the core's ``progress(fraction, message)`` callback, Cancel sets the core's ``cancel`` Event, and any failure
-becomes a message in the panel, never an exception in the kernel. At interpreter exit every job is cancelled
+becomes a message in the panel, never an exception in the kernel. Whatever touches widgets or shared state runs on
+the kernel's thread (:mod:`workbench.ui.kernel_thread`). At interpreter exit every job is cancelled
 and its thread joined (a thread still inside a native library at exit aborts the process)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from .kernel_thread import drain, on_kernel, pending
 from .messages import error_html, message_html
 
 log = logging.getLogger(__name__)
@@ -46,12 +48,32 @@ def stop_all_jobs(timeout: float = EXIT_JOIN_S) -> bool:
 atexit.register(stop_all_jobs)
 
 
+def settle(timeout: float = 120.0) -> bool:
+    """Let every panel's job finish and show what it found, figures included, before this cell ends (recording
+    a notebook: see :mod:`workbench.ui.kernel_thread`); True when nothing was left running."""
+    from .figures import wait_figures
+
+    deadline = time.monotonic() + timeout
+    while True:
+        for jobs in list(_LIVE):
+            jobs.wait(max(0.0, deadline - time.monotonic()))
+        wait_figures(max(0.0, deadline - time.monotonic()))
+        drain()
+        if not any(jobs.running for jobs in list(_LIVE)) and not pending():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 class JobControls(widgets.VBox):
     """A progress bar, a status line and a Cancel button for one job at a time.
 
-    ``start(name, work, on_done)`` runs ``work(progress, cancel)`` on a thread; ``on_done(value)`` runs on that
-    thread when it returns. A failure or a cancellation is shown in ``status`` (and passed to ``on_error``).
-    ``locks``: buttons (e.g. Run) disabled while a job runs and enabled again when none is left."""
+    ``start(name, work, on_done)`` runs ``work(progress, cancel)`` on a thread. Everything that touches widgets or
+    shared state runs on the kernel's thread (:func:`~workbench.ui.kernel_thread.on_kernel`): the progress bar,
+    the status line, ``on_done(value)`` when ``work`` returns and ``on_error(exc)`` when it fails or is cancelled
+    (``cancelled`` tells which). A failure or a cancellation is shown in ``status``. ``locks``: buttons (e.g. Run)
+    disabled while a job runs and enabled again when none is left."""
 
     def __init__(self, locks: Any = (), **kwargs: Any) -> None:
         self.locks = list(locks)
@@ -111,15 +133,20 @@ class JobControls(widgets.VBox):
                 job, self._next = self._next, None
                 if job is None:
                     self._active = False
-                    self.cancel_button.disabled = True
-                    for button in self.locks:
-                        button.disabled = False
+                    on_kernel(self._idle)
                     return
                 self._cancel = threading.Event()
             self._run(*job)
 
-    def _run(self, name: str, work, on_done, on_error) -> None:
-        cancel = self._cancel
+    def _idle(self) -> None:
+        """No job left (kernel thread): Cancel off, the locked buttons on again (unless a new job took them)."""
+        if self._active:
+            return
+        self.cancel_button.disabled = True
+        for button in self.locks:
+            button.disabled = False
+
+    def _begin(self, name: str) -> None:
         self.error, self.cancelled = None, False
         self.bar.value, self.bar.bar_style = 0.0, ""
         self.label.value = html.escape(f"{name}: starting")
@@ -127,38 +154,61 @@ class JobControls(widgets.VBox):
         self.cancel_button.disabled = False
         self._row.layout.display = "flex"
 
+    def _show_progress(self, fraction: float, text: str) -> None:
+        if self._row.layout.display == "none":  # the job already ended: a late update is dropped
+            return
+        self.bar.value = max(self.bar.value, max(0.0, min(1.0, float(fraction))))
+        self.label.value = html.escape(text)
+
+    def _run(self, name: str, work, on_done, on_error) -> None:
+        cancel = self._cancel
+        on_kernel(self._begin, name)
+
         def progress(fraction: float, message: str) -> None:
             now = time.monotonic()
             if fraction < 1.0 and now - self._last < 1.0 / MAX_UPDATES_PER_S:
                 return
             self._last = now
-            self.bar.value = max(0.0, min(1.0, float(fraction)))
-            self.label.value = html.escape(f"{name}: {message}")
+            on_kernel(self._show_progress, fraction, f"{name}: {message}")
 
         try:
             value = work(progress, cancel)
-            if cancel.is_set():
-                raise _CancelledLate()
+        except BaseException as e:  # noqa: BLE001 - a job's failure is shown in the panel, never raised
+            on_kernel(self._failed, name, cancel, e, on_error)
+            return
+        on_kernel(self._finished, name, cancel, value, on_done, on_error)
+
+    def _finished(self, name: str, cancel: threading.Event, value: Any, on_done, on_error) -> None:
+        """``work`` returned (kernel thread): hand the value over unless Cancel was pressed meanwhile."""
+        if cancel.is_set():
+            self._failed(name, cancel, _CancelledLate(), on_error)
+            return
+        try:
             if on_done is not None:
                 on_done(value)
-            self.bar.value, self.bar.bar_style = 1.0, "success"
-            self.label.value = html.escape(f"{name}: done")
-        except BaseException as e:  # noqa: BLE001 - a job's failure is shown in the panel, never raised
-            if cancel.is_set():
-                self.cancelled = True
-                if self._next is None:  # replaced jobs end silently
-                    self.status.value = message_html(f"{name} cancelled", "warn")
-            else:
-                self.error = e
-                self.status.value = error_html(e, name)
-                if on_error is not None:
-                    try:
-                        on_error(e)
-                    except Exception:  # noqa: BLE001 - never let an error handler kill the thread loudly
-                        log.exception("error handler of %s failed", name)
-            self.bar.bar_style = "danger"
-        finally:
-            self._row.layout.display = "none"
+        except Exception as e:  # noqa: BLE001 - showing the result failed: say so in the panel
+            self._failed(name, cancel, e, on_error)
+            return
+        self.bar.value, self.bar.bar_style = 1.0, "success"
+        self.label.value = html.escape(f"{name}: done")
+        self._row.layout.display = "none"
+
+    def _failed(self, name: str, cancel: threading.Event, e: BaseException, on_error) -> None:
+        """``work`` (or showing its value) failed or was cancelled (kernel thread)."""
+        if cancel.is_set():
+            self.cancelled = True
+            if self._next is None:  # replaced jobs end silently
+                self.status.value = message_html(f"{name} cancelled", "warn")
+        else:
+            self.error = e
+            self.status.value = error_html(e, name)
+        if on_error is not None:
+            try:
+                on_error(e)
+            except Exception:  # noqa: BLE001 - never let an error handler escape
+                log.exception("error handler of %s failed", name)
+        self.bar.bar_style = "danger"
+        self._row.layout.display = "none"
 
     def cancel(self) -> None:
         """Ask the running job to stop (the core checks the Event between steps)."""
@@ -173,12 +223,16 @@ class JobControls(widgets.VBox):
             self._cancel.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the job (and any queued after it) ends (tests, scripts); True if it ended."""
+        """Block until the job (and any queued after it) ends (tests, scripts); True if it ended. On the kernel's
+        thread, the updates the job queued for it (its result shown, Run enabled) run before this returns."""
         thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                return False
+        if not _exiting.is_set():
+            drain()
+        return True
 
 
 class _CancelledLate(Exception):

@@ -53,6 +53,7 @@ class ModelPanel(widgets.VBox):
             heading("Runtime probe (a real session is built)"), self.jobs, self.probes,
             heading("Problems (onnx checker and shape inference)"), self.problems,
         ])
+        self.add_class("wb-root")
         self.refresh()
 
     def refresh(self) -> None:

@@ -11,7 +11,6 @@ Numbers come from the core (``workbench.repair``, ``workbench.reduce``) and the 
 
 from __future__ import annotations
 
-import base64
 import html
 import logging
 import os
@@ -27,6 +26,7 @@ from traitlets import Bool, List, Unicode
 
 from .._atomic import umask
 from ..errors import InputError
+from .downloads import MAX_INLINE_BYTES, download_html  # noqa: F401 - re-exported
 from .engine_pair import EnginePair
 from .figures import clear, show_figure
 from .inputs_box import InputsBox
@@ -37,10 +37,6 @@ from .style import heading, style_tag
 from .tables import fmt, table_html
 
 log = logging.getLogger(__name__)
-
-#: files up to this size are offered as an in-page download (a data: URL in the widget); bigger ones by path
-MAX_INLINE_BYTES = 8 * 2**20
-
 
 class RepairPanel(widgets.VBox):
     """``RepairPanel(model)``; ``run()`` starts a repair (also what the Run button does), ``wait()`` joins it,
@@ -71,7 +67,7 @@ class RepairPanel(widgets.VBox):
         self.cand_file = widgets.Text(placeholder="optional: your own converted model (.onnx) as the candidate",
                                       description="cand. file", layout=widgets.Layout(width="520px"))
         self.engine_note = widgets.HTML()
-        self.inputs = compare.inputs if compare is not None else InputsBox()
+        self.inputs = compare.inputs if compare is not None else InputsBox(state=self.state)
         self.target = widgets.Text(
             placeholder="empty: every output passes the candidate precision's criterion; or e.g. sqnr_db<40",
             description="target", layout=widgets.Layout(width="560px"))
@@ -117,6 +113,7 @@ class RepairPanel(widgets.VBox):
             self.details, self.download, heading("Bug report"), self.reduce_button, self.reduce_jobs,
             self.reduce_note,
         ])
+        self.add_class("wb-root")
         self.observe(self._on_kept, "kept")
         self._on_engine()
         self._clear(message_html("no repair yet: choose the engines and a target, then press Run", "info"))
@@ -399,9 +396,9 @@ def details_html(doc: dict) -> str:
             continue
         if v.get("error"):
             lines.append(f"verified on {html.escape(role)} ({html.escape(str(v.get('engine')))}): "
-                         f"<b style='color:#c62828'>could not run</b> ({html.escape(str(v['error']))})")
+                         f"<b class='wb-bad'>could not run</b> ({html.escape(str(v['error']))})")
             continue
-        state = "met" if v.get("met") else "<b style='color:#c62828'>NOT met</b>"
+        state = "met" if v.get("met") else "<b class='wb-bad'>NOT met</b>"
         outs = ", ".join(f"{o} {metric} {fmt(m.get(metric))}" for o, m in (v.get("outputs") or {}).items()
                          if metric)
         lines.append(f"verified on {html.escape(role)} ({html.escape(str(v.get('engine')))}): {state}"
@@ -409,26 +406,10 @@ def details_html(doc: dict) -> str:
     checker = doc.get("checker") or {}
     if checker:
         lines.append("onnx checker: ok" if checker.get("ok") else
-                     "onnx checker: <b style='color:#c62828'>" + html.escape("; ".join(checker.get("errors") or []))
+                     "onnx checker: <b class='wb-bad'>" + html.escape("; ".join(checker.get("errors") or []))
                      + "</b>")
     out = '<div class="wb-culprit">' + "<br>".join(lines) + "</div>"
     return out + "".join(message_html(n, "info") for n in doc.get("notes") or [])
-
-
-def download_html(path: Path, label: str) -> str:
-    """A download link for ``path``: the bytes inline (a data: URL) up to MAX_INLINE_BYTES, else its path (the
-    browser cannot reach files outside the notebook server's folder)."""
-    path = Path(path)
-    size = path.stat().st_size
-    where = f'<div class="wb-culprit">saved at <code>{html.escape(str(path))}</code> ({size:,} bytes)</div>'
-    if size > MAX_INLINE_BYTES:
-        return message_html(f"{path.name} is {size / 2**20:.0f} MiB: too big for an in-page download; copy it "
-                            f"from {path}", "info") + where
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (f'<a class="wb-download" download="{html.escape(path.name, quote=True)}" '
-            f'title="{html.escape(str(path), quote=True)}" data-path="{html.escape(str(path), quote=True)}" '
-            f'href="data:application/octet-stream;base64,{data}">&#x2B07; {html.escape(label)} '
-            f'({html.escape(path.name)})</a>' + where)
 
 
 def zip_folder(folder: Path, dest: Path) -> Path:

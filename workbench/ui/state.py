@@ -21,7 +21,9 @@ class WorkbenchState(HasTraits):
     """Observable state: panels watch it (``state.observe(fn, "result")``) instead of calling each other.
 
     ``selected`` is a node name (the graph, the error curve and the culprit list all set and follow it);
-    ``show`` asks the enclosing :class:`~workbench.ui.Workbench` to bring a panel forward."""
+    ``show`` asks the enclosing :class:`~workbench.ui.Workbench` to bring a panel forward; ``input_shapes`` is the
+    shapes field's text (``x:[1,3,?,?]``), prefilled from each model loaded and shared by Compare, Repair and
+    Calibration. Panels set these on the kernel's thread only (see :mod:`workbench.ui.kernel_thread`)."""
 
     model = AnyTrait(None, allow_none=True)
     inspection = AnyTrait(None, allow_none=True)
@@ -30,6 +32,7 @@ class WorkbenchState(HasTraits):
     selected = Unicode("")
     show = Unicode("")
     output_dir = Unicode("")
+    input_shapes = Unicode("")
 
     @classmethod
     def of(cls, source: Any = None, *, state: WorkbenchState | None = None, **load_kwargs: Any) -> WorkbenchState:
@@ -47,11 +50,14 @@ class WorkbenchState(HasTraits):
 
     def load(self, source: Any, **load_kwargs: Any) -> None:
         """Load a model (see :func:`workbench.load_model`); clears results made on the previous one."""
+        from .inputs_box import shapes_template
+
         model = load_model(source, **load_kwargs)
         self.inspection = None
         self.result = None
         self.calibration = None
         self.selected = ""
+        self.input_shapes = shapes_template(model)
         self.model = model
 
     def request_show(self, panel: str) -> None:

@@ -52,6 +52,7 @@ class Workbench(widgets.VBox):
         self.state.observe(self._on_show, "show")
         self.state.observe(lambda _: self._title(), "model")
         super().__init__([style_tag(), self.header, self.tabs])
+        self.add_class("wb-root")
         self._title()
         self.panel("model")
 

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0 (part of onnx-drift-workbench; no third-party code)
 // onnx-drift-workbench graph view: a layered DAG drawn on a 2D canvas (anywidget ESM, no dependencies).
 // Python computes the layout (workbench/plots/graph.py); this file only draws, pans, zooms and reports clicks.
-// Traits: data (see graph_payload), selected (node id), highlight (ids), height (px).
+// Traits: data (see graph_payload; data.view "fit" frames the whole graph, "keep" keeps the pan/zoom, anchored on
+// data.anchor [old id, new id] or on a node both layouts share), selected (node id), highlight (ids), height (px),
+// query (the search box, both ways) and matches ([[name, op], ...] best first, from Python) with match_total.
 // Messages to Python: {event: "expand", id} on double click (expand a collapsed name scope).
+// Colours follow JupyterLab's theme (CSS variables --jp-*), read again when the theme changes.
 
 const NODE_W = 120;
 const NODE_H = 30;
@@ -53,7 +56,21 @@ function render({ model, el: host }) {
   const outBtn = el("button", "wb-graph-btn", "\u2212");
   const status = el("span", "wb-graph-status");
   const legend = el("div", "wb-graph-legend");
-  bar.append(fitBtn, inBtn, outBtn, status);
+  const find = el("input", "wb-graph-find");
+  find.type = "search";
+  find.placeholder = "find a node by name";
+  find.title = "Enter or \u2193: next match; Shift+Enter or \u2191: previous; Esc: close the list";
+  find.setAttribute("aria-label", "find a node by name");
+  const prevBtn = el("button", "wb-graph-btn wb-graph-prev", "\u25B2");
+  const nextBtn = el("button", "wb-graph-btn wb-graph-next", "\u25BC");
+  prevBtn.title = "previous match (Shift+Enter, \u2191)";
+  nextBtn.title = "next match (Enter, \u2193)";
+  const count = el("span", "wb-graph-count");
+  const results = el("ul", "wb-graph-results");
+  fitBtn.title = "fit the whole graph";
+  inBtn.title = "zoom in";
+  outBtn.title = "zoom out";
+  bar.append(fitBtn, inBtn, outBtn, find, prevBtn, nextBtn, count, status, results);
   const stage = el("div", "wb-graph-stage");
   const canvas = el("canvas", "wb-graph-canvas");
   const tip = el("div", "wb-graph-tip");
@@ -71,6 +88,18 @@ function render({ model, el: host }) {
   let anim = 0;
   let width = 0, height = 0;
   let sized = false;  // laid out at a real size yet (a widget in a hidden tab has none)
+  let minScale = 0.002;
+  let colors = themeColors();
+  let matches = [];  // [[name, op], ...] from Python, best first
+  let current = -1;  // the match shown (index into matches)
+  let typing = 0;
+
+  function themeColors() {
+    const css = getComputedStyle(host);
+    const v = (name, fallback) => (css.getPropertyValue(name) || "").trim() || fallback;
+    return { bg: v("--jp-layout-color0", "#ffffff"), edge: v("--jp-border-color1", "#9aa0a6"),
+             outline: v("--jp-ui-font-color2", "#455a64") };
+  }
 
   function setHeight() {
     stage.style.height = `${model.get("height") || 600}px`;
@@ -85,8 +114,9 @@ function render({ model, el: host }) {
     canvas.height = Math.round(height * dpr);
     canvas.style.width = `${width}px`;
     canvas.style.height = `${height}px`;
-    if (!sized) {  // first real size: frame the graph (and the selection) now
+    if (!sized) {  // first real size (attached to the page: the theme's colours can be read): frame the graph now
       sized = true;
+      colors = themeColors();
       fit();
       syncSelected(false);
     }
@@ -97,23 +127,55 @@ function render({ model, el: host }) {
     if (!frame) frame = requestAnimationFrame(() => { frame = 0; draw(); });
   }
 
-  function fit() {
+  function hideTip() {
+    hover = -1;
+    tip.style.display = "none";
+  }
+
+  function fit() {  // the whole graph, however deep (boxes become plain rectangles when small)
     if (!width || !height) return;
+    hideTip();
+    cancelAnimationFrame(anim);
     const b = g.bounds;
     const w = b.x1 - b.x0, h = b.y1 - b.y0;
-    let s = Math.min(width / w, height / h);
-    if (s < 0.08) {  // a very deep graph: fit its width and start at the top
-      s = Math.min(width / w, 1);
-      view = { s, tx: width / 2 - ((b.x0 + b.x1) / 2) * s, ty: 10 - b.y0 * s };
-    } else {
-      s = Math.min(s, 1.5);
-      view = { s, tx: width / 2 - ((b.x0 + b.x1) / 2) * s, ty: height / 2 - ((b.y0 + b.y1) / 2) * s };
-    }
+    const s = Math.min(width / w, height / h, 1.5);
+    minScale = Math.min(0.002, s / 2);
+    view = { s, tx: width / 2 - ((b.x0 + b.x1) / 2) * s, ty: height / 2 - ((b.y0 + b.y1) / 2) * s };
     schedule();
+  }
+
+  function onScreen(i, margin = 40) {
+    const x = view.tx + g.xs[i] * view.s, y = view.ty + g.ys[i] * view.s;
+    return x >= margin && x <= width - margin && y >= margin && y <= height - margin;
+  }
+
+  function keepView(old, anchor) {
+    // the same place stays under the same pixels: the anchor pair (an expanded scope and its first node) or the
+    // node both layouts share nearest the middle of the screen
+    if (!old.n || !g.n || !width) return false;
+    let a = null, b = null;
+    if (anchor && old.index.has(anchor[0]) && g.index.has(anchor[1])) {
+      a = old.index.get(anchor[0]);
+      b = g.index.get(anchor[1]);
+    } else {
+      const cx = (width / 2 - view.tx) / view.s, cy = (height / 2 - view.ty) / view.s;
+      let best = Infinity;
+      for (let i = 0; i < old.n; i++) {
+        const j = g.index.get(old.ids[i]);
+        if (j === undefined) continue;
+        const d = (old.xs[i] - cx) ** 2 + (old.ys[i] - cy) ** 2;
+        if (d < best) { best = d; a = i; b = j; }
+      }
+    }
+    if (a === null) return false;
+    view = { s: view.s, tx: view.tx + (old.xs[a] - g.xs[b]) * view.s, ty: view.ty + (old.ys[a] - g.ys[b]) * view.s };
+    schedule();
+    return true;
   }
 
   function centreOn(i, animate = true) {
     if (i < 0 || !width) return;
+    hideTip();  // the node under the mouse moves away: its tooltip goes
     const s = Math.max(view.s, 0.9);
     const target = { s, tx: width / 2 - g.xs[i] * s, ty: height / 2 - g.ys[i] * s };
     if (!animate) { view = target; schedule(); return; }
@@ -127,6 +189,7 @@ function render({ model, el: host }) {
                ty: start.ty + (target.ty - start.ty) * e };
       draw();
       if (k < 1) anim = requestAnimationFrame(step);
+      else hideTip();
     };
     anim = requestAnimationFrame(step);
   }
@@ -149,7 +212,7 @@ function render({ model, el: host }) {
     if (!width || !height) return;
     const dpr = window.devicePixelRatio || 1;
     ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.fillStyle = "#ffffff";
+    ctx.fillStyle = colors.bg;
     ctx.fillRect(0, 0, canvas.width, canvas.height);
     const { s, tx, ty } = view;
     ctx.setTransform(dpr * s, 0, 0, dpr * s, dpr * tx, dpr * ty);
@@ -167,7 +230,7 @@ function render({ model, el: host }) {
       edgePath(a === selected || b === selected ? hot : edges, a, b);
     }
     ctx.lineWidth = Math.max(1 / s, 0.5);
-    ctx.strokeStyle = "#9aa0a6";
+    ctx.strokeStyle = colors.edge;
     ctx.stroke(edges);
     ctx.lineWidth = 2.5 / s;
     ctx.strokeStyle = "#1a73e8";
@@ -188,7 +251,7 @@ function render({ model, el: host }) {
     for (const [c, p] of byColor) { ctx.fillStyle = c; ctx.fill(p); }
     if (px >= 8) {
       ctx.lineWidth = 1 / s;
-      ctx.strokeStyle = "#455a64";
+      ctx.strokeStyle = colors.outline;
       const outline = new Path2D();
       const groups = new Path2D();
       for (const i of shown) {
@@ -316,7 +379,8 @@ function render({ model, el: host }) {
     zoomAt(ev.clientX - r.left, ev.clientY - r.top, Math.exp(-ev.deltaY * 0.0015));
   }, { passive: false });
   function zoomAt(cx, cy, k) {
-    const s = Math.min(4, Math.max(0.002, view.s * k));
+    hideTip();
+    const s = Math.min(4, Math.max(minScale, view.s * k));
     const f = s / view.s;
     view = { s, tx: cx - (cx - view.tx) * f, ty: cy - (cy - view.ty) * f };
     schedule();
@@ -336,9 +400,12 @@ function render({ model, el: host }) {
   }
 
   function syncSelected(animate) {
+    // ring the selected node; bring it into view only when it is off screen (a click does not move the view)
     const id = model.get("selected");
     selected = id && g.index.has(id) ? g.index.get(id) : -1;
-    if (selected >= 0) centreOn(selected, animate);
+    if (selected >= 0 && !onScreen(selected)) centreOn(selected, animate);
+    const k = matches.findIndex((m) => m[0] === id);
+    if (k >= 0) { current = k; renderMatches(); }
     schedule();
   }
   function syncHighlight() {
@@ -346,18 +413,93 @@ function render({ model, el: host }) {
     schedule();
   }
 
+  // --- search: Python ranks the matches (exact name first); here the list, next/previous and the keys -------
+  function renderMatches() {
+    const total = model.get("match_total") || matches.length;
+    count.textContent = find.value.trim() ? (matches.length ? `${current + 1}/${total}` : "no match") : "";
+    prevBtn.disabled = nextBtn.disabled = matches.length < 2;
+    results.replaceChildren(...matches.map(([name, op], k) => {
+      const li = el("li", k === current ? "wb-current" : "");
+      li.append(document.createTextNode(name), el("span", "wb-graph-op", op));
+      li.title = name;
+      li.dataset.index = String(k);
+      li.addEventListener("mousedown", (ev) => { ev.preventDefault(); goTo(k); });
+      return li;
+    }));
+    const shown = results.children[current];
+    if (shown && results.style.display === "block") shown.scrollIntoView({ block: "nearest" });
+  }
+  function openList(open) {
+    results.style.display = open && matches.length ? "block" : "none";
+  }
+  function goTo(k) {
+    if (!matches.length) return;
+    current = ((k % matches.length) + matches.length) % matches.length;
+    renderMatches();
+    model.set("selected", matches[current][0]);
+    model.save_changes();
+  }
+  function sendQuery() {
+    clearTimeout(typing);
+    if (model.get("query") === find.value.trim()) return false;
+    model.set("query", find.value.trim());
+    model.save_changes();
+    return true;
+  }
+  find.addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(sendQuery, 250);
+  });
+  find.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter") {
+      ev.preventDefault();
+      if (!sendQuery()) goTo(current + (ev.shiftKey ? -1 : 1));  // a new query selects its best match itself
+      openList(true);
+    } else if (ev.key === "ArrowDown" || ev.key === "ArrowUp") {
+      ev.preventDefault();
+      goTo(current + (ev.key === "ArrowDown" ? 1 : -1));
+      openList(true);
+    } else if (ev.key === "Escape") {
+      openList(false);
+    }
+    ev.stopPropagation();  // keys typed here are not JupyterLab's shortcuts
+  });
+  find.addEventListener("focus", () => openList(true));
+  find.addEventListener("blur", () => setTimeout(() => openList(false), 150));
+  prevBtn.addEventListener("click", () => goTo(current - 1));
+  nextBtn.addEventListener("click", () => goTo(current + 1));
+  function syncMatches() {
+    matches = model.get("matches") || [];
+    const id = model.get("selected");
+    current = Math.max(0, matches.findIndex((m) => m[0] === id));
+    if (!matches.length) current = -1;
+    renderMatches();
+    openList(document.activeElement === find);
+  }
+  function syncQuery() {
+    const q = model.get("query") || "";
+    if (find.value.trim() !== q) find.value = q;
+  }
+
   const onData = () => {
-    g = unpack(model.get("data"));
-    hover = -1;
+    const old = g;
+    const d = model.get("data") || {};
+    g = unpack(d);
+    hideTip();
     renderLegend();
     syncHighlight();
-    fit();
+    if (!sized || d.view === "fit" || !keepView(old, d.anchor)) fit();
     syncSelected(false);
   };
   model.on("change:data", onData);
   model.on("change:selected", () => syncSelected(true));
   model.on("change:highlight", syncHighlight);
+  model.on("change:matches", syncMatches);
+  model.on("change:match_total", renderMatches);
+  model.on("change:query", syncQuery);
   model.on("change:height", () => { setHeight(); resize(); });
+  const themeWatch = new MutationObserver(() => { colors = themeColors(); schedule(); });
+  themeWatch.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
 
   const ro = new ResizeObserver(() => resize());
   ro.observe(stage);
@@ -365,6 +507,8 @@ function render({ model, el: host }) {
   resize();
   renderLegend();
   syncHighlight();
+  syncQuery();
+  syncMatches();
   fit();
   syncSelected(false);
   draw();
@@ -380,8 +524,12 @@ function render({ model, el: host }) {
     const x = view.tx + g.xs[i] * view.s, y = view.ty + g.ys[i] * view.s;
     return x >= 0 && x <= width && y >= 0 && y <= height;
   });
+  root.wbView = () => ({ ...view });
+  root.wbColors = () => ({ ...colors });
   return () => {
     ro.disconnect();
+    themeWatch.disconnect();
+    clearTimeout(typing);
     window.removeEventListener("mouseup", onUp);
     cancelAnimationFrame(frame);
     cancelAnimationFrame(anim);
