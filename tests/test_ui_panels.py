@@ -251,6 +251,16 @@ def test_errors_panel_click_shows_the_layer_detail():
     assert wb.graph_panel.canvas.selected == CULPRIT  # the graph follows the plot
 
 
+def test_errors_panel_curve_survives_a_second_comparison():
+    """A second Run clears the result first (no stale numbers), then the new result must bring the curve back."""
+    wb = Workbench(CLAMP)
+    for _ in range(2):
+        wb.compare_panel.run()
+        assert wb.compare_panel.wait(120)
+        panel = wb.errors_panel
+        assert panel.curve is not None and panel.curve_box.children == (panel.curve,)
+
+
 def test_errors_panel_on_a_result_read_back_from_json(tmp_path):
     from workbench.compare.api import compare
     from workbench.compare.result import CompareResult

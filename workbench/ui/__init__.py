@@ -1,7 +1,7 @@
 """Notebook front end: ipywidgets panels, each a thin view over the core; :class:`Workbench` composes them.
 
     from workbench import Workbench
-    Workbench("model.onnx")            # Model | Compare | Errors | Graph | Calibration | Repair
+    Workbench("model.onnx")    # Model | Compare | Errors | Graph | Calibration | Repair | Dataset | Engine
 
 Every panel also works alone (``ModelPanel(model)``, ``ComparePanel(model)``, ...). Panels hold no numerics:
 they call the core (inspect, compare, calibrate, inspect_tensor, repair, reduce) and the plots. Long work runs on a
@@ -23,6 +23,8 @@ _LAZY = {
     "GraphWidget": "workbench.ui.graph_widget",
     "CalibrationPanel": "workbench.ui.calibration_panel",
     "RepairPanel": "workbench.ui.repair_panel",
+    "DatasetPanel": "workbench.ui.dataset_panel",
+    "EnginePanel": "workbench.ui.engine_panel",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

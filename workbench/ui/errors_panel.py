@@ -126,12 +126,12 @@ class ErrorsPanel(widgets.VBox):
         fig.update_layout(height=420, clickmode="event")
         if self.curve is None:
             self.curve = go.FigureWidget(fig)
-            self.curve_box.children = (self.curve,)
         else:
             with self.curve.batch_update():
                 self.curve.data = ()
                 self.curve.add_traces(list(fig.data))
                 self.curve.layout = fig.layout
+        self.curve_box.children = (self.curve,)  # a cleared result (a new run started) emptied the box
         for trace in self.curve.data:
             if trace.customdata is not None:
                 trace.on_click(self._on_click)

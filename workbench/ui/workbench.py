@@ -10,6 +10,8 @@ import ipywidgets as widgets
 
 from .calibration_panel import CalibrationPanel
 from .compare_panel import ComparePanel
+from .dataset_panel import DatasetPanel
+from .engine_panel import EnginePanel
 from .errors_panel import ErrorsPanel
 from .graph_panel import GraphPanel
 from .messages import error_html, fallback_repr
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 
 #: tab key -> title, in display order
 PANELS = {"model": "Model", "compare": "Compare", "errors": "Errors", "graph": "Graph", "calibration": "Calibration",
-          "repair": "Repair"}
+          "repair": "Repair", "dataset": "Dataset", "engine": "Engine"}
 
 
 class Workbench(widgets.VBox):
@@ -30,7 +32,8 @@ class Workbench(widgets.VBox):
     ``example_inputs=``). Panels are built when their tab is first opened; ``panel("compare")`` builds one on
     demand. A culprit clicked in Compare, a point clicked in Errors, a node clicked in Graph and a kept node
     clicked in Repair select the same node everywhere; Repair shares Compare's inputs and engine choice, and its
-    kept nodes are ringed in Graph."""
+    kept nodes are ringed in Graph. Dataset runs many samples (a clicked sample opens in Compare and Errors);
+    Engine looks inside an engine (fused nodes, providers, latency next to the latest comparison's error)."""
 
     def __repr__(self) -> str:
         return fallback_repr(self)
@@ -64,8 +67,8 @@ class Workbench(widgets.VBox):
                              f'&middot; {len(model.proto.graph.node)} nodes</div>')
 
     def panel(self, key: str) -> widgets.Widget:
-        """The panel under tab ``key`` ("model", "compare", "errors", "graph", "calibration", "repair"), built if
-        needed."""
+        """The panel under tab ``key`` ("model", "compare", "errors", "graph", "calibration", "repair", "dataset",
+        "engine"), built if needed."""
         if key not in PANELS:
             raise KeyError(f"no panel {key!r}; use one of {', '.join(PANELS)}")
         if key not in self._panels:
@@ -99,6 +102,10 @@ class Workbench(widgets.VBox):
                 compare = self.panel("compare")
                 return RepairPanel(state=self.state, compare=compare if isinstance(compare, ComparePanel) else None,
                                    **self._options)
+            if key == "dataset":
+                return DatasetPanel(state=self.state, **self._options)
+            if key == "engine":
+                return EnginePanel(state=self.state)
             return CalibrationPanel(state=self.state)
         except Exception as e:  # noqa: BLE001 - one broken panel must not take the others down
             return widgets.HTML(error_html(e, f"building the {PANELS[key]} panel"))
@@ -142,3 +149,11 @@ class Workbench(widgets.VBox):
     @property
     def repair_panel(self):
         return self.panel("repair")
+
+    @property
+    def dataset_panel(self):
+        return self.panel("dataset")
+
+    @property
+    def engine_panel(self):
+        return self.panel("engine")
