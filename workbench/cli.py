@@ -51,7 +51,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return _inspect_engine(args)
     engine_only = [o for o, v in (("--input-shapes", args.input_shapes), ("--inputs", args.inputs),
                                   ("--optimization", args.optimization), ("--threads", args.threads),
-                                  ("--layer-profile", args.layer_profile), ("--layer-times", args.layer_times)) if v]
+                                  ("--layer-profile", args.layer_profile), ("--layer-times", args.layer_times),
+                                  ("--report", args.report)) if v]
     if engine_only:
         raise UsageError(f"{', '.join(engine_only)} go with --engine SPEC (or --layer-info): they look inside engines")
     check_outputs([Output("--json", args.json)], models={"MODEL": args.model})
@@ -73,7 +74,7 @@ def _inspect_engine(args: argparse.Namespace) -> int:
         raise UsageError("--layer-profile and --layer-times go with --layer-info (TensorRT's recorded layers)")
     if args.layer_info and (args.engine or "trt") != "trt":
         raise UsageError("--layer-info is TensorRT's layer information: use it with --engine trt (or alone)")
-    check_outputs([Output("--json", args.json)], models={"MODEL": args.model},
+    check_outputs([Output("--json", args.json), Output("--report", args.report)], models={"MODEL": args.model},
                   inputs={"--inputs": args.inputs, "--layer-info": args.layer_info,
                           "--layer-profile": args.layer_profile, "--layer-times": args.layer_times})
     if args.layer_info:
@@ -89,6 +90,11 @@ def _inspect_engine(args: argparse.Namespace) -> int:
                              optimization=args.optimization, threads=args.threads)
     if args.json:
         _write_json(graph.to_json(), args.json)
+    if args.report:
+        from .report.engine_graph_html import write_engine_graph_report
+
+        write_engine_graph_report(graph, args.report, top=args.top)
+        _say(f"report written to {args.report}")
     if args.json != "-":
         print(printable_lines(render(graph, top=args.top)))
     return EXIT_OK
@@ -470,7 +476,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "--exportLayerInfo --profilingVerbosity=detailed (no GPU needed to read it)")
     g.add_argument("--layer-profile", metavar="FILE", help="TensorRT's per-layer profile (trtexec --exportProfile)")
     g.add_argument("--layer-times", metavar="FILE", help="TensorRT's per-iteration times (trtexec --exportTimes)")
-    g.add_argument("--top", type=ROWS, default=10, metavar="N", help="slowest nodes listed (default 10)")
+    g.add_argument("--top", type=ROWS, default=10, metavar="N", help="slowest nodes listed (and plotted in "
+                   "--report; default 10)")
+    g.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report of the engine graph "
+                   "(slowest nodes, providers, precisions, fused groups, plots; works offline)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("compare", help="layer-wise comparison of two engines/precisions: first divergent layer, "

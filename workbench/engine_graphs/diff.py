@@ -172,3 +172,56 @@ def _fusions(only_a: list[EngineNode], only_b: list[EngineNode], metric: str) ->
                     "after": [_brief(n, metric) for n in side["b"]], "before_ms": total(side["a"]),
                     "after_ms": total(side["b"])})
     return sorted(out, key=lambda f: -len(f["onnx_nodes"]))
+
+
+def _groups(source: Any) -> dict[frozenset, dict]:
+    """Fused groups (executed nodes that run more than one ONNX node) of an engine graph, or of a fused-granularity
+    comparison's record (``result.granularity``: only the groups whose boundary it compared), by their ONNX nodes."""
+    if isinstance(source, EngineGraph):
+        return {frozenset(n.onnx_nodes): {"engine_node": n.name, "kind": n.kind, "onnx_nodes": list(n.onnx_nodes)}
+                for n in source.fused_nodes}
+    groups = (source or {}).get("groups") if isinstance(source, dict) else None
+    if not isinstance(groups, dict):
+        raise WorkbenchError("not an engine graph nor a fused-granularity record (no 'groups')")
+    out = {}
+    for g in groups.values():
+        onnx = g.get("onnx_nodes") if isinstance(g, dict) else None
+        if isinstance(onnx, list) and len(onnx) > 1:
+            out[frozenset(onnx)] = {"engine_node": g.get("engine_node"), "kind": g.get("kind"),
+                                    "onnx_nodes": list(onnx)}
+    return out
+
+
+def fusion_change(before: Any, after: Any) -> dict:
+    """Whether the set of fused groups differs between two engine graphs (or two fused-granularity records,
+    ``CompareResult.granularity``): ``{"changed", "source", "before", "after"`` (group counts), ``"only_before",
+    "only_after"`` (the groups one side has, largest first)}."""
+    a, b = _groups(before), _groups(after)
+    source = "engine graphs" if isinstance(before, EngineGraph) and isinstance(after, EngineGraph) else \
+        "compared groups"
+
+    def only(x: dict, y: dict) -> list[dict]:
+        return sorted((g for k, g in x.items() if k not in y), key=lambda g: (-len(g["onnx_nodes"]),
+                                                                               g["onnx_nodes"][0]))
+
+    only_a, only_b = only(a, b), only(b, a)
+    return {"changed": bool(only_a or only_b), "source": source, "before": len(a), "after": len(b),
+            "only_before": only_a, "only_after": only_b}
+
+
+def render_fusion_change(change: dict, labels: tuple[str, str] = ("saved", "now"), top: int = 5) -> str:
+    """One line (plus the first ``top`` differing groups) saying whether the fusions changed."""
+    a, b = labels
+    if not change["changed"]:
+        return f"fusions: unchanged ({_groups_text(change['before'])}, {change['source']})"
+    lines = [f"fusions CHANGED ({change['source']}): {_groups_text(change['before'])} {a}, {change['after']} {b}; "
+             f"{len(change['only_before'])} only {a}, {len(change['only_after'])} only {b}"]
+    for label, key in ((a, "only_before"), (b, "only_after")):
+        for g in change[key][:top]:
+            lines.append(f"  only {label}: {g['engine_node']} ({g['kind']}) runs {len(g['onnx_nodes'])} ONNX nodes: "
+                         + ", ".join(g["onnx_nodes"][:4]) + (" ..." if len(g["onnx_nodes"]) > 4 else ""))
+    return "\n".join(lines)
+
+
+def _groups_text(n: int) -> str:
+    return f"{n} fused group{'' if n == 1 else 's'}"

@@ -72,6 +72,9 @@ def restrict(plan) -> tuple[list, dict]:
     og = OnnxGraph.build(plan.cand_model)
     graph, observable, dropped = observe(plan.cand_model, spec.engine, cast_feeds(plan.cand_model, plan.feeds[:1]),
                                          plan.engine_options.get(spec.engine), og)
+    graph.engine = str(spec)
+    graph.model = {"name": plan.original.name, "sha256": plan.original.fingerprint, "variant": spec.variant}
+    plan.engine_graph = graph  # what a bundle records (engine_graph.json) and a rerun checks fusions against
     kept, hidden = [], []
     for p in plan.pairs:
         if p.candidate in observable:

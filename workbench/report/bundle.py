@@ -10,6 +10,8 @@ Layout (every path inside is relative, so the bundle can be moved or zipped)::
     inputs/feed_000.npz    the exact feeds compared (one .npz per feed, keys = input names)
     calibration/feed_*.npz calibration feeds, when they differ from the compared feeds (INT8)
     tensors/tensor_*.npz   optional selected tensors: arrays "reference" and "candidate"
+    engine_graph.json      at granularity "fused": the candidate engine's graph the comparison observed
+                           (workbench.engine_graph/1; a rerun says whether its fused groups changed)
 
 Written atomically: built in a temporary folder beside the destination, then renamed into place only if
 nothing is there (never replacing what another process wrote). The manifest carries the sha256 of its own
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 SCHEMA = "workbench.bundle/1"
 MANIFEST = "manifest.json"
 RESULTS = "results.json"
+ENGINE_GRAPH = "engine_graph.json"
 
 
 def _write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -324,11 +327,25 @@ def save_bundle(
                          "feed": 0, "shape": list(np.shape(ref)), "dtype": [str(ref.dtype), str(cnd.dtype)]}
                         for i, (name, (ref, cnd)) in enumerate(values.items())]
         m["results"] = writer.add_json(RESULTS, result.to_json())
+        m["engine_graph"] = _engine_graph(writer, result, notes)
         m["notes"] = notes
         return writer.commit()
     except BaseException:
         writer.abort()
         raise
+
+
+def _engine_graph(writer: BundleWriter, result: CompareResult, notes: list[str]) -> dict | None:
+    """At granularity "fused": the candidate engine's graph the comparison observed, as ``engine_graph.json``."""
+    if not result.granularity:
+        return None
+    graph = getattr(getattr(result, "plan", None), "engine_graph", None)
+    if graph is None:
+        notes.append("the candidate engine's graph was not recorded (a result without its comparison, e.g. read "
+                     "from JSON): a rerun checks the fusions against the compared groups only")
+        return None
+    return {"file": writer.add_json(ENGINE_GRAPH, graph.to_json()), "engine": graph.engine,
+            "nodes": len(graph.nodes), "fused": len(graph.fused_nodes)}
 
 
 def _tensor_values(result, tensors, model, feeds) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -391,6 +408,25 @@ class Bundle:
             raise BundleError(f"{self.source.name}: manifest 'compare' is malformed "
                               f"({type(e).__name__}: {e})") from None
         return run
+
+    def engine_graph(self):
+        """The candidate engine's graph a fused-granularity comparison recorded (an
+        :class:`~workbench.engine_graphs.result.EngineGraph`), or None when the bundle holds none."""
+        from ..engine_graphs.result import SCHEMA as GRAPH_SCHEMA
+        from ..engine_graphs.result import EngineGraph
+
+        entry = self.manifest.get("engine_graph")
+        if entry is None:
+            return None
+        if not isinstance(entry, dict):
+            raise BundleError(f"{self.source.name}: manifest 'engine_graph' is malformed")
+        where = f"{self.source.name}: {entry.get('file')}"
+        doc = read_json(confined(self.root, entry.get("file"), "manifest 'engine_graph.file'"), where,
+                        schema=GRAPH_SCHEMA)
+        try:
+            return EngineGraph.from_json(doc)
+        except WorkbenchError as e:
+            raise BundleError(f"{where}: {e.message}", "the bundle was edited or damaged; re-create it") from None
 
     def _files(self, section: Any, where: str) -> list[Path]:
         if section is None:

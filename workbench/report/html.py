@@ -3,9 +3,10 @@ Content-Security-Policy forbids every fetch), readable offline and attachable to
 
 Sections: summary (verdict with its reason, each side's inferred precision, specs, model sha256, versions,
 criterion), the graph outputs against their precision floors, internal dips, culprits (harmful first, with the
-error beyond their floor and what fixing each gains on the outputs) with explanations, FP16 clamps, per-layer
-error curve with the floor band, metric histograms, selected tensors' value histograms, op inventory, notes,
-every tensor's metrics and floor, and the result JSON itself (``<script id="workbench-result">``).
+error beyond their floor and what fixing each gains on the outputs) with explanations, at fused granularity each
+culprit's engine group and the tensors not observable, FP16 clamps, per-layer error curve with the floor band,
+metric histograms, selected tensors' value histograms, op inventory, notes, every tensor's metrics and floor, and
+the result JSON itself (``<script id="workbench-result">``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 
        "img-src data: blob:; font-src data:; connect-src 'none'; frame-src 'none'; form-action 'none'; "
        "base-uri 'none'")
 _PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+#: unobservable tensors listed in a fused-granularity report (the embedded JSON holds them all)
+_MAX_UNOBSERVABLE = 500
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; max-width: 1200px;
@@ -250,6 +253,40 @@ def _culprits(result: CompareResult) -> str:
                               for c in result.culprits]))
 
 
+def _granularity(result: CompareResult) -> str:
+    """Escaped HTML of a fused-granularity comparison: what was compared, each culprit's group and the tensors left
+    out with why ("" at granularity all)."""
+    g = result.granularity
+    if not g:
+        return ""
+    note = next((n for n in result.notes if n.startswith("granularity fused")),
+                "only the tensors at the candidate engine's fused-group boundaries were compared")
+    hidden = g.get("unobservable") or []
+    text = ("<h2>Fused granularity</h2>" + f"<p>{_e(note)}</p>"
+            + _kv([("engine", f"<code>{_e(g.get('engine'))}</code>, {_e(g.get('engine_nodes'))} executed nodes"),
+                   ("compared", _e(f"{g.get('compared')} tensors (group boundaries)")),
+                   ("not observable", _e(f"{len(hidden)} tensors (inside fused nodes, or folded)")),
+                   ("fusion check", _e(g.get("fusion_check") or "-"))]))
+    grouped = [c for c in result.culprits if c.group]
+    if grouped:
+        rows = [[i, f"<code>{_e(c.node)}</code>", f"<code>{_e(c.group.get('engine_node'))}</code>",
+                 c.group.get("kind"), len(c.group.get("onnx_nodes") or []),
+                 ", ".join(f"<code>{_e(n)}</code>" for n in (c.group.get("onnx_nodes") or [])[:12])
+                 + (" ..." if len(c.group.get("onnx_nodes") or []) > 12 else "")]
+                for i, c in enumerate(grouped, 1)]
+        text += ("<h3>Culprit groups</h3><p>Each culprit ran as the whole group the engine fused it into.</p>"
+                 + _table(["#", "culprit node", "engine node", "kind", "ONNX nodes", "which"], rows,
+                          numeric={0, 4}, raw={1, 2, 5}))
+    if hidden:
+        shown = hidden[:_MAX_UNOBSERVABLE]
+        text += (f"<details><summary>{len(hidden)} tensors not observable"
+                 + (f" (the first {len(shown)}; the JSON holds all)" if len(shown) < len(hidden) else "")
+                 + "</summary>" + _table(["tensor", "node", "op_type", "why not compared"],
+                                         [[u.get("tensor"), u.get("node"), u.get("op_type"), u.get("reason")]
+                                          for u in shown]) + "</details>")
+    return text
+
+
 def _clamps(result: CompareResult) -> str:
     clamped = (result.variant or {}).get("clamped") or []
     if not clamped:
@@ -302,7 +339,7 @@ def render_report(result: CompareResult, *, inspection: Any = None, tensors: Map
         f"<h1>{_e(title)}</h1>",
         "<h2>Summary</h2>", _summary(result),
         "<h2>Outputs</h2>", _outputs(result),
-        "<h2>Culprits</h2>", _culprits(result), _clamps(result),
+        "<h2>Culprits</h2>", _culprits(result), _granularity(result), _clamps(result),
         "<h2>Per-layer error</h2>", _figure(plots.layer_error_curve(result, metric)),
         "<h2>Histograms</h2>", _figure(plots.metric_histogram(result, metric)),
     ]

@@ -1,4 +1,5 @@
-"""Rerun a bundle: the same model (sha256-checked), feeds, specs and options; then say what changed."""
+"""Rerun a bundle: the same model (sha256-checked), feeds, specs and options; then say what changed (at fused
+granularity, also whether the candidate engine's fused groups changed)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ class RerunReport:
     diff: ResultDiff
     versions_changed: dict[str, list]
     notes: list[str] = field(default_factory=list)  # e.g. engine options of the bundle that were not allowed
+    #: at granularity "fused": whether the candidate engine's fused groups changed (see
+    #: :func:`workbench.engine_graphs.diff.fusion_change`); None otherwise
+    fusions: dict | None = None
 
     @property
     def reproduced(self) -> bool:
@@ -85,6 +89,7 @@ class RerunReport:
             "first_divergent": {"saved": first["before"], "now": first["after"], "changed": first["changed"]},
             "versions_changed": self.versions_changed,
             "notes": list(self.notes),
+            **({"fusions": self.fusions} if self.fusions is not None else {}),
             "diff": diff,
             "result": self.result.to_json(),
         }
@@ -98,6 +103,10 @@ class RerunReport:
         lines.append("package versions since the bundle was made: " + (
             "; ".join(f"{k} {a or 'absent'} -> {b or 'absent'}" for k, (a, b) in versions.items())
             if versions else "unchanged"))
+        if self.fusions is not None:
+            from ..engine_graphs.diff import render_fusion_change
+
+            lines.append(render_fusion_change(self.fusions))
         lines.append(d.render())
         return "\n".join(lines)
 
@@ -176,7 +185,22 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
         then = dict(m["versions"]) if isinstance(m.get("versions"), dict) else {}
         then["python"] = m.get("python")
         now = {**package_versions(), "python": platform.python_version()}
-        return RerunReport(str(b.source), saved, result, diff, diff_versions(then, now), notes)
+        return RerunReport(str(b.source), saved, result, diff, diff_versions(then, now), notes,
+                           _fusions(b, saved, result))
     finally:
         if not isinstance(bundle, Bundle):
             b.close()
+
+
+def _fusions(b: Bundle, saved: CompareResult, result: CompareResult) -> dict | None:
+    """At granularity "fused": the saved engine graph's fused groups against the rerun's (the compared groups'
+    when the bundle holds no engine graph)."""
+    if not (saved.granularity and result.granularity):
+        return None
+    from ..engine_graphs.diff import fusion_change
+
+    before = b.engine_graph()
+    after = getattr(getattr(result, "plan", None), "engine_graph", None)
+    if before is not None and after is not None:
+        return fusion_change(before, after)
+    return fusion_change(saved.granularity, result.granularity)
