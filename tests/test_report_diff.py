@@ -146,3 +146,17 @@ def test_diff_reports_internal_dip_changes(tmp_path):
     unchanged = diff_results(ort, ort)
     assert not unchanged.internal_dips_changed and unchanged.same_conclusion
     assert f"internal dips: {len(ort.internal_dips)} -> {len(ort.internal_dips)}" in unchanged.render()
+
+
+def test_diff_of_two_fused_comparisons_says_whether_the_fusions_changed():
+    model = MODEL
+    ort_a = compare(model, "ort", "ort:fp16", granularity="fused", culprits=False)
+    ort_b = compare(model, "ort", "ort:fp16", granularity="fused", culprits=False)
+    same = diff_results(ort_a, ort_b)
+    assert any(n.startswith("fusions: unchanged") for n in same.notes)
+    pytest.importorskip("openvino")
+    ov = compare(model, "ort", "openvino:fp16", granularity="fused", culprits=False)
+    changed = diff_results(ort_a, ov, labels=("ort", "openvino"))
+    assert any(n.startswith("fusions CHANGED") and "only openvino" in n for n in changed.notes)
+    plain = diff_results(compare(model, "ort", "ort:fp16", culprits=False), ort_a)
+    assert not any("fusions" in n for n in plain.notes)

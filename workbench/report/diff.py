@@ -214,6 +214,11 @@ class ResultDiff:
             if predates_verdicts(r):
                 out.append(f"{label} was written before precision-aware verdicts (no inferred precision or floors "
                            "recorded): its verdict is re-judged from its graph outputs")
+        ga, gb = getattr(self.before, "granularity", None), getattr(self.after, "granularity", None)
+        if ga and gb:  # two fused-granularity comparisons: did the engine fuse the same groups?
+            from ..engine_graphs.diff import fusion_change, render_fusion_change
+
+            out.append(render_fusion_change(fusion_change(ga, gb), self.labels).replace("\n", "; "))
         return out
 
     @property
