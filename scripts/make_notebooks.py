@@ -112,6 +112,48 @@ ONNX Runtime's CPU provider computes most FP16 ops in FP32, so an activation ove
 `ref:fp16` runs the FP16 model in numpy float16 arithmetic and shows it on a CPU:"""),
     ("code", """cnn = compare(SAMPLES / "cnn_fp16_overflow.onnx", "ort", "ref:fp16")
 print(cnn.first_divergent.node, "|", cnn.culprits[0].explanation)"""),
+    ("md", """## Drift over a dataset
+One feed says little about your data. `compare_dataset` runs both engines on every sample of a dataset (here a
+temporary folder of 16 `.npz` files, one feed each), with a task metric per sample (`top1`: does FP16 pick the
+same class as FP32?), the worst samples and each layer's error across samples. The planted clamp breaks every
+sample at the same layer. The **Dataset** tab above holds the same folder and result: click a sample there to
+compare it layer by layer."""),
+    ("code", """import tempfile
+
+import numpy as np
+
+from workbench import load_model
+from workbench.dataset import compare_dataset
+from workbench.inputs import random_feeds
+
+data_dir = Path(tempfile.mkdtemp(prefix="workbench-dataset-"))
+for i, feed in enumerate(random_feeds(load_model(model_path), seed=1, count=16)):
+    np.savez(data_dir / f"sample_{i:02d}.npz", **feed)
+drift = compare_dataset(model_path, "ort", "ort:fp16", data_dir, metrics=["top1"])
+wb.dataset_panel.set_dataset(data_dir)  # the Dataset tab: this folder and this result
+wb.dataset_panel.show_result(drift)
+print(drift.render())"""),
+    ("md", "Each layer's error across the samples (mean, p95, worst) with the tolerance:"),
+    ("code", """from workbench.plots.dataset import layer_spread
+
+layer_spread(drift)"""),
+    ("md", """## Inside the engine
+What did ONNX Runtime make of the model? `engine_graph` reads the session's optimized graph, maps each executed
+node to the ONNX nodes it replaced (here one NCHWc convolution runs Conv, BatchNormalization and Relu) and
+profiles 5 runs: where each node ran, in what precision, how long it took. `layer_rows` puts each executed node's
+cost next to its error in the comparison above."""),
+    ("code", """from workbench import engine_graph
+from workbench.engine_graphs.layers import layer_rows
+
+engine = engine_graph(model_path, "ort", runs=5)
+print(f"{len(engine.nodes)} executed nodes ({len(engine.fused_nodes)} fused), "
+      f"{engine.end_to_end_ms:.3f} ms per run (median of {engine.runs})")
+slowest = pd.DataFrame(layer_rows(engine, cmp, top=5))
+slowest[["name", "kind", "provider", "precision", "latency_ms", "share", "error", "onnx_nodes"]]"""),
+    ("md", """The **Engine** tab above shows this engine graph too; the **Graph** tab then colours nodes by execution
+provider, runtime precision or latency and boxes the fused groups. The same picture, static:"""),
+    ("code", """wb.engine_panel.show(engine)
+graph_figure(GraphView.from_graph(result.model.graph), overlay="latency", engine=engine, groups=True)"""),
     ("md", "## The sample models and their planted faults"),
     ("code", """import json
 

@@ -267,6 +267,68 @@ def test_graph_view_search_tooltips_fit_overlay_and_scopes(lab_page, artifacts):
     assert not errors, errors
 
 
+#: the canvas pixel (RGB) under a client point
+PIXEL_JS = """(g, [x, y]) => { const c = g.querySelector('canvas'); const r = c.getBoundingClientRect();
+  const k = c.width / r.width; const d = c.getContext('2d').getImageData(Math.round((x - r.left) * k),
+  Math.round((y - r.top) * k), 1, 1).data; return [d[0], d[1], d[2]]; }"""
+
+
+#: the share of a node's box (inset from its outline) painted within 24 of colour "#rrggbb" (the label is thin)
+FILL_JS = """(g, [id, hex]) => { const c = g.querySelector('canvas'); const r = c.getBoundingClientRect();
+  const k = c.width / r.width, s = g.wbView().s, at = g.wbNodePosition(id);
+  const w = Math.floor((120 * s - 6) * k), h = Math.floor((30 * s - 6) * k);
+  const d = c.getContext('2d').getImageData(Math.round((at.x - r.left) * k - w / 2),
+                                            Math.round((at.y - r.top) * k - h / 2), w, h).data;
+  const want = [1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16));
+  let hits = 0;
+  for (let i = 0; i < d.length; i += 4) hits += want.every((v, j) => Math.abs(d[i + j] - v) <= 24);
+  return hits / (w * h); }"""
+
+
+def _near(rgb, hex_color: str, tol: int = 24) -> bool:
+    want = [int(hex_color[k:k + 2], 16) for k in (1, 3, 5)]
+    return all(abs(a - b) <= tol for a, b in zip(rgb, want))
+
+
+def test_engine_overlays_and_fused_group_boxes_render(lab_page, artifacts):
+    """Issue 15 item 3: the provider overlay paints each node in its provider's colour with a categorical legend,
+    and the engine's fused groups are boxes around their ONNX nodes, with a tooltip naming the fused kernel."""
+    from workbench.plots.graph_engine import GROUP_COLOR, PROVIDER_COLORS
+
+    lab, page, errors = lab_page
+    name = lab.write_notebook("engine_overlays.ipynb", [
+        "from pathlib import Path\n\nfrom workbench import engine_graph\nfrom workbench.ui import GraphPanel\n\n"
+        'panel = GraphPanel(Path("../sample_models/fp16_clamp_constant.onnx").resolve(), height=380)\n'
+        'panel.state.engine_graph = engine_graph(panel.state.model, "ort", runs=2)\n'
+        'panel.overlay.value = "provider"\npanel',
+    ])
+    H.open_notebook(page, lab, name)
+    H.run_all(page)
+    g = _panel(page).locator(".wb-graph[data-ready='1']").first
+    g.wait_for()
+    g.scroll_into_view_if_needed()
+    page.wait_for_function("(g) => g.wbGroupBoxes().length === 1", arg=g.element_handle())
+    legend = g.locator(".wb-graph-legend").inner_text()
+    assert "CPUExecutionProvider" in legend and "fused group (1)" in legend, legend
+    box = g.evaluate("g => g.wbGroupBoxes()[0]")
+    assert sorted(box["items"]) == sorted(["/conv/Conv", "/bn_big_var/BatchNormalization", "/relu/Relu"]), box
+    H.screenshot(page, artifacts, "15-engine-overlays")
+
+    # the box's outline is drawn in the group colour; the nodes inside it in the provider's colour
+    mid = (box["y0"] + box["y1"]) / 2
+    assert _near(g.evaluate(PIXEL_JS, [box["x0"], mid]), GROUP_COLOR, 40)
+    for node in box["items"]:
+        share = g.evaluate(FILL_JS, [node, PROVIDER_COLORS[0]])
+        assert share > 0.6, f"{node}: {share:.0%} of its box in the provider's colour"
+
+    # hovering the box off its nodes shows the fused kernel
+    page.mouse.move(box["x0"] + 3, mid)
+    tip = g.locator(".wb-graph-tip")
+    page.wait_for_function("(t) => t.style.display === 'block'", arg=tip.element_handle())
+    assert "fused by ort" in tip.inner_text() and "com.microsoft.nchwc.Conv" in tip.inner_text()
+    assert not errors, errors
+
+
 def _dark_theme(page) -> None:
     page.keyboard.press("Escape")
     page.locator(".lm-MenuBar-itemLabel", has_text="Settings").first.click()

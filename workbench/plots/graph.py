@@ -1,8 +1,10 @@
 """The model graph as drawable data: layered layout, name-scope collapsing, k-hop focus, colour overlays.
 
-:func:`graph_payload` turns a :class:`~workbench.model.graph.GraphInfo` (plus, optionally, a comparison result)
-into the arrays the notebook's graph widget draws (``workbench/ui/static/graph.js``); :func:`graph_figure` draws
-the same thing as a static plotly figure for reports. Pure functions: nothing here runs an engine.
+:func:`graph_payload` turns a :class:`~workbench.model.graph.GraphInfo` (plus, optionally, a comparison result
+and an engine graph: see :mod:`.graph_engine` for the provider, runtime precision and latency overlays and the
+fused-group boxes) into the arrays the notebook's graph widget draws (``workbench/ui/static/graph.js``);
+:func:`graph_figure` draws the same thing as a static plotly figure for reports. Pure functions: nothing here
+runs an engine.
 
 Collapsing: node names such as ``/encoder/layer.3/attn/MatMul`` carry scopes (``encoder``, ``layer.3``,
 ``attn``). At ``depth`` d every node is shown as its scope's first d levels (one box per scope), except scopes
@@ -18,6 +20,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .graph_engine import (
+    ENGINE_OVERLAYS,
+    GROUP_COLOR,
+    GROUP_FILL,
+    EngineView,
+    engine_classes,
+    engine_color,
+    fused_groups,
+    scope_class,
+)
 from .graph_layout import layered_layout
 
 OVERLAYS = {
@@ -26,7 +38,10 @@ OVERLAYS = {
     "error": "error vs tolerance (full run)",
     "introduced": "error introduced (culprits)",
     "precision": "precision",
+    **ENGINE_OVERLAYS,
 }
+#: overlays drawn from a comparison result (the others: from the model alone, or from an engine graph)
+RESULT_OVERLAYS = ("diverged", "error", "introduced")
 #: most frequent op types first; the rest share OTHER
 PALETTE = ["#4e79a7", "#f28e2b", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6",
            "#d4a6c8", "#a0cbe8", "#ffbe7d"]
@@ -216,8 +231,11 @@ def _band(ratio: float) -> int:
     return next(i for i, (upper, _, _) in enumerate(ERROR_BANDS) if ratio <= upper)
 
 
-def _node_classes(view: GraphView, overlay: str, result: Any) -> tuple[list[Any], list[tuple[str, str]]]:
+def _node_classes(view: GraphView, overlay: str, result: Any,
+                  engine: EngineView | None = None) -> tuple[list[Any], list[tuple[str, str]]]:
     """Per node: a sortable class (higher = more remarkable) and the legend ((label, colour) ...)."""
+    if overlay in ENGINE_OVERLAYS:
+        return engine_classes(view.names, overlay, engine)
     n = len(view.names)
     by_node = {}
     if result is not None:
@@ -283,7 +301,9 @@ def _precisions(view: GraphView, result: Any) -> list[str]:
     return out
 
 
-def _class_color(overlay: str, cls: Any, op_colors: dict[str, str]) -> str:
+def _class_color(overlay: str, cls: Any, op_colors: dict[str, str], engine: EngineView | None = None) -> str:
+    if overlay in ENGINE_OVERLAYS:
+        return engine_color(overlay, cls, engine)
     if overlay == "diverged":
         return [NOT_COMPARED, AGREES, DIVERGED, FIRST][cls]
     if overlay == "error":
@@ -307,15 +327,19 @@ def _class_color(overlay: str, cls: Any, op_colors: dict[str, str]) -> str:
 # --- payload -------------------------------------------------------------------------------------------------
 def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = None, depth: int | None = None,
                   expanded: Iterable[str] = (), focus: str | None = None, hops: int = 2,
-                  title: str = "") -> dict:
-    """What the graph widget draws: ids, labels, tooltips, layout (x, layer), colours, flat edge list, legend.
+                  title: str = "", engine: Any = None, groups: bool = False) -> dict:
+    """What the graph widget draws: ids, labels, tooltips, layout (x, layer), colours, flat edge list, legend,
+    and with ``engine`` (an :class:`~workbench.engine_graphs.result.EngineGraph` of this model) and ``groups``
+    its fused groups (``groups``: ``{"id", "label", "items", "tip"}``, boxes around their items).
 
     ``focus``: show only nodes within ``hops`` of that node, uncollapsed. Otherwise collapse to ``depth``
-    (None: every node) except the ``expanded`` scopes."""
+    (None: every node) except the ``expanded`` scopes. An overlay whose data is missing (a comparison, an engine
+    graph) falls back to "op_type"."""
     if overlay not in OVERLAYS:
         raise ValueError(f"unknown overlay {overlay!r}; use one of {', '.join(OVERLAYS)}")
-    if overlay != "op_type" and overlay != "precision" and result is None:
+    if (overlay in RESULT_OVERLAYS and result is None) or (overlay in ENGINE_OVERLAYS and engine is None):
         overlay = "op_type"
+    ev = EngineView.of(engine) if engine is not None else None
     if focus is not None and focus in view.index:
         ids, members = items_at(view, None, members=view.neighbourhood(focus, hops))
         title = title or f"{hops}-hop neighbourhood of {focus}"
@@ -325,31 +349,40 @@ def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = No
     edges = sorted({(item_of[u], item_of[v]) for u, v in view.edges
                     if u in item_of and v in item_of and item_of[u] != item_of[v]})
     x, layer = layered_layout(len(ids), edges)
-    classes, legend = _node_classes(view, overlay, result)
+    classes, legend = _node_classes(view, overlay, result, ev)
     op_colors = _op_colors(view)
     by_node = {t.node: t for t in result.tensors} if result is not None else {}
     culprits = {c.node: (k, c) for k, c in enumerate(result.culprits, 1)} if result is not None else {}
     labels, subs, tips, colors, group = [], [], [], [], []
     for key, idx in zip(ids, members):
         if key.startswith("scope:"):
-            worst = _group_class(overlay, [classes[i] for i in idx])
+            worst = scope_class(overlay, [view.names[i] for i in idx], [classes[i] for i in idx], ev) \
+                if overlay in ENGINE_OVERLAYS else _group_class(overlay, [classes[i] for i in idx])
             ops = Counter(view.ops[i] for i in idx).most_common(3)
             labels.append(key.rsplit("/", 1)[-1] or "/")
             subs.append(f"{len(idx)} nodes")
             tips.append(f"{key[6:]}\n{len(idx)} nodes: " + ", ".join(f"{op} x{c}" for op, c in ops)
                         + "\ndouble-click to expand")
-            colors.append(GROUP if worst is None else _class_color(overlay, worst, op_colors))
+            colors.append(GROUP if worst is None else _class_color(overlay, worst, op_colors, ev))
             group.append(1)
         else:
             i = idx[0]
             labels.append(view.ops[i])
             subs.append(None)
-            tips.append(_node_tip(view, i, by_node.get(view.names[i]), culprits.get(view.names[i]), result))
-            colors.append(_class_color(overlay, classes[i], op_colors))
+            tip = _node_tip(view, i, by_node.get(view.names[i]), culprits.get(view.names[i]), result)
+            tips.append(tip if ev is None else "\n".join([tip, *ev.describe(view.names[i])]))
+            colors.append(_class_color(overlay, classes[i], op_colors, ev))
             group.append(0)
+    boxes = fused_groups(ev, item_of_node(ids, members, view)) if ev is not None and groups else []
     return {"ids": ids, "labels": labels, "sub": subs, "tips": tips, "x": [round(v, 3) for v in x], "y": layer,
             "color": colors, "group": group, "edges": [k for e in edges for k in e],
-            "legend": [list(item) for item in legend], "title": title, "overlay": overlay}
+            "legend": [list(item) for item in legend], "title": title, "overlay": overlay, "groups": boxes,
+            "engine": engine.engine if engine is not None else ""}
+
+
+def item_of_node(ids: list[str], members: list[list[int]], view: GraphView) -> dict[str, int]:
+    """ONNX node name -> the index of the item (node or collapsed scope) that shows it."""
+    return {view.names[i]: k for k, idx in enumerate(members) for i in idx}
 
 
 def _group_class(overlay: str, classes: list[Any]) -> Any:
@@ -400,6 +433,14 @@ def graph_figure(view: GraphView, **options: Any):
     for label, color in p["legend"]:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=esc(label),
                                  marker={"symbol": "square", "size": 12, "color": color}))
+    for g in p["groups"]:  # fused groups: a box around their items
+        xs, ys = [p["x"][k] for k in g["items"]], [-p["y"][k] for k in g["items"]]
+        fig.add_shape(type="rect", x0=min(xs) - 0.25, x1=max(xs) + 0.25, y0=min(ys) - 0.35, y1=max(ys) + 0.35,
+                      line={"color": GROUP_COLOR, "width": 2}, fillcolor=GROUP_FILL, layer="below")
+    if p["groups"]:  # boxes sized in data units: room for the labels right of the nodes, however narrow the graph
+        fig.update_xaxes(range=[min(p["x"]) - 1.0, max(p["x"]) + 2.0])
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"fused group ({len(p['groups'])})",
+                                 marker={"symbol": "square-open", "size": 12, "color": GROUP_COLOR}))
     fig.update_layout(title=esc(p["title"] or f"graph: {OVERLAYS[p['overlay']]}"), template="plotly_white",
                       xaxis={"visible": False}, yaxis={"visible": False}, hovermode="closest",
                       height=max(400, min(2000, 40 * (max(p["y"], default=0) + 2))))

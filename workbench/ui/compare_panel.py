@@ -1,7 +1,9 @@
 """Compare panel: pick two engines/precisions, inputs, tolerance and strategy; run compare() on a thread with a
 progress bar and Cancel; show the verdict (output-led: ok, or DIVERGED with the reason), the precision each side
 was inferred to compute in, internal dips, where the runs part ways (first divergent tensor) and why (culprits,
-harmful first, with what fixing each gains on the outputs)."""
+harmful first, with what fixing each gains on the outputs). Warns when a node ran on another execution provider
+than the one asked for, on evidence only (the Engine tab's engine graph, the engines' recorded descriptions: see
+:mod:`workbench.ui.fallbacks`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from ..compare.text import fmt as fmt_metric
 from ..core.metric_info import HIGHER_IS_BETTER, JUDGED, METRIC_INFO
 from .downloads import download_html
 from .engine_pair import EnginePair
+from .fallbacks import fallback_notes
 from .inputs_box import InputsBox
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
@@ -60,6 +63,7 @@ class ComparePanel(widgets.VBox):
         self.run_button.on_click(lambda _: self.run())
         self.jobs = JobControls(locks=[self.run_button])
         self.summary = widgets.HTML()
+        self.provider_note = widgets.HTML()
         self.stale_note = widgets.HTML()
         self.culprit_rows = widgets.VBox()
         self.tensors = widgets.HTML()
@@ -72,6 +76,7 @@ class ComparePanel(widgets.VBox):
         self.metric.observe(self._on_metric, "value")
         self.state.observe(lambda ch: self.show_result(ch["new"]), "result")
         self.state.observe(lambda _: self._on_engine(), "model")
+        self.state.observe(lambda _: self.show_fallbacks(), "engine_graph")
         pickers = widgets.VBox([
             widgets.HBox([self.ref_engine, self.ref_variant]), widgets.HBox([self.cand_engine, self.cand_variant]),
             self.engine_note, self.precision])
@@ -79,7 +84,8 @@ class ComparePanel(widgets.VBox):
             style_tag(), heading("Engines and precisions"), pickers, heading("Inputs"), self.inputs,
             heading("Divergence criterion"), widgets.HBox([self.metric, self.threshold]), self.tolerance_note,
             self.mode, widgets.HBox([self.run_button]), self.jobs, heading("Results"), self.stale_note, self.summary,
-            self.culprit_rows, self.tensors, widgets.HBox([self.save_path, self.save_button]), self.save_note,
+            self.provider_note, self.culprit_rows, self.tensors, widgets.HBox([self.save_path, self.save_button]),
+            self.save_note,
         ])
         self.add_class("wb-root")
         self._on_engine()
@@ -111,6 +117,22 @@ class ComparePanel(widgets.VBox):
         if self.metric.value == AUTO_METRIC:
             self._on_metric()
         self._mark_stale()
+        self.show_fallbacks()
+
+    def show_fallbacks(self) -> None:
+        """Warn when a node of the current result's engines (or, before a run, of the engines picked) ran on
+        another execution provider than the one asked for, on evidence only (:func:`fallback_notes`)."""
+        result, model = self.state.result, self.state.model
+        sides = {"reference": result.reference, "candidate": result.candidate} if result is not None else \
+            {"reference": self.reference, "candidate": self.candidate}
+        try:
+            notes = fallback_notes(sides, engine_graph=self.state.engine_graph,
+                                   engines=result.engines if result is not None else None,
+                                   fingerprint=model.fingerprint if model is not None else None)
+        except Exception as e:  # noqa: BLE001 - a hint must never break the results
+            log.info("provider fallbacks not checked: %s", e)
+            notes = []
+        self.provider_note.value = "".join(message_html(text, level) for level, text in notes)
 
     def _mark_stale(self) -> None:
         """Say so when the result shown is of another engine pair than the pickers now show."""
@@ -238,6 +260,7 @@ class ComparePanel(widgets.VBox):
         the per-tensor table."""
         self.save_note.value = ""
         self._mark_stale()
+        self.show_fallbacks()
         if result is None:
             self.summary.value, self.tensors.value = "", ""
             self.culprit_rows.children = ()

@@ -1,6 +1,8 @@
 """Engine panel: what an engine made of the model (fused nodes, providers, precisions) and the slowest nodes next to
 their error in the latest comparison; warns when a node fell back to another provider. A view only: the engine
-graph comes from :func:`workbench.engine_graph`, the rows from :func:`workbench.engine_graphs.layers.layer_rows`."""
+graph comes from :func:`workbench.engine_graph`, the rows from :func:`workbench.engine_graphs.layers.layer_rows`.
+The graph shown is the state's ``engine_graph``: the graph view draws its overlays from it and Compare warns about
+its fallbacks."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import ipywidgets as widgets
 
 from ..engine_graphs.layers import layer_rows
 from ..plots.engine_graph import slowest_layers
-from .figures import show_figure
+from .figures import clear, show_figure
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
@@ -50,6 +52,7 @@ class EnginePanel(widgets.VBox):
         self.table = widgets.HTML()
         self.chart = widgets.Output()
         self.state.observe(lambda _: self._redraw(), "result")
+        self.state.observe(self._on_state_graph, "engine_graph")
         self.state.observe(lambda change: setattr(self.shapes, "value", change["new"]), "input_shapes")
         super().__init__([
             style_tag(), self.message,
@@ -57,6 +60,8 @@ class EnginePanel(widgets.VBox):
             self.warning, self.summary, heading("Slowest nodes, with their error"), self.table, self.chart,
         ])
         self.add_class("wb-root")
+        if self.state.engine_graph is not None:
+            self.show(self.state.engine_graph)
 
     def inspect(self):
         """Build the engine graph of the state's model on the chosen engine (on a thread) and show it."""
@@ -84,10 +89,25 @@ class EnginePanel(widgets.VBox):
         return self.jobs.wait(timeout)
 
     def show(self, graph) -> None:
-        """Display ``graph`` (an EngineGraph)."""
+        """Display ``graph`` (an EngineGraph) and make it the state's ``engine_graph`` (the graph view's engine
+        overlays and Compare's fallback warning follow it)."""
         self.graph = graph
         self.message.value = ""
         self._redraw()
+        self.state.engine_graph = graph
+
+    def _on_state_graph(self, change: dict) -> None:
+        graph = change["new"]
+        if graph is self.graph:
+            return
+        if graph is not None:
+            self.show(graph)
+            return
+        self.graph = None  # a new model: the graph shown was of the previous one
+        for w in (self.warning, self.summary, self.table):
+            w.value = ""
+        clear(self.chart)
+        self.message.value = message_html("the model changed: press Inspect to look inside an engine", "info")
 
     def _redraw(self) -> None:
         graph = self.graph

@@ -1,7 +1,8 @@
 """Graph panel: the model's DAG with colour overlays, search, k-hop focus and name-scope collapsing, linked to
-the other panels through the shared selection. The view (pan and zoom) stays where the user put it when the
-overlay changes, a scope opens or a result arrives; it is framed again only for a new model, a new detail level,
-a focus and "Whole graph"."""
+the other panels through the shared selection. The engine overlays (execution provider, runtime precision,
+latency) and the fused-group boxes come from the state's ``engine_graph``: the latest engine inspected in the
+Engine tab. The view (pan and zoom) stays where the user put it when the overlay changes, a scope opens or a
+result arrives; it is framed again only for a new model, a new detail level, a focus and "Whole graph"."""
 
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..plots.graph import OVERLAYS, GraphView, auto_depth, graph_payload, items_at, rank_matches, reveal
+from ..plots.graph import (
+    OVERLAYS,
+    RESULT_OVERLAYS,
+    GraphView,
+    auto_depth,
+    graph_payload,
+    items_at,
+    rank_matches,
+    reveal,
+)
+from ..plots.graph_engine import ENGINE_OVERLAYS, NO_ENGINE, EngineView
 from .graph_widget import GraphWidget
 from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
@@ -19,7 +30,7 @@ from .style import style_tag
 
 log = logging.getLogger(__name__)
 
-#: result-free overlays; the others need a comparison
+#: overlays drawn from the model alone; RESULT_OVERLAYS need a comparison, ENGINE_OVERLAYS an engine graph
 STATIC_OVERLAYS = ("op_type", "precision")
 #: matches ringed (and their scopes opened) in the graph
 MAX_MATCHES = 50
@@ -54,7 +65,12 @@ class GraphPanel(widgets.VBox):
         self.reset_button = widgets.Button(description="Whole graph", icon="expand")
         self.constants = widgets.Checkbox(value=False, description="Constant nodes", indent=False,
                                           layout=widgets.Layout(width="140px"))
+        self.fused = widgets.Checkbox(value=False, description="Fused groups", indent=False,
+                                      tooltip="box the ONNX nodes each executed node of the engine graph fuses "
+                                              "(inspect an engine in the Engine tab)",
+                                      layout=widgets.Layout(width="130px"))
         self.message = widgets.HTML("")
+        self.overlay_note = widgets.HTML("")
         self.info = widgets.HTML("")
         self.show_errors = widgets.Button(description="Show in Errors", icon="line-chart", disabled=True)
         self.matches: list[str] = []
@@ -62,6 +78,7 @@ class GraphPanel(widgets.VBox):
         self.overlay.observe(lambda _: self.refresh(), "value")
         self.depth.observe(self._on_depth, "value")
         self.constants.observe(lambda _: self._on_model(), "value")
+        self.fused.observe(lambda _: self.refresh(), "value")
         self.canvas.observe(self._on_query, "query")
         self.focus_button.on_click(lambda _: self.focus_on(self.state.selected))
         self.reset_button.on_click(lambda _: self.whole_graph())
@@ -71,11 +88,14 @@ class GraphPanel(widgets.VBox):
         self.state.observe(self._on_model, "model")
         self.state.observe(self._on_result, "result")
         self.state.observe(self._on_selected, "selected")
-        bar1 = widgets.HBox([self.overlay, self.depth])
+        self.state.observe(self._on_engine, "engine_graph")
+        bar1 = widgets.HBox([self.overlay, self.depth, self.fused])
         bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.constants, self.show_errors])
-        super().__init__([style_tag(), bar1, bar2, self.message, self.canvas, self.info])
+        super().__init__([style_tag(), bar1, bar2, self.message, self.overlay_note, self.canvas, self.info])
         self.add_class("wb-root")
         self._on_model()
+        if self.state.engine_graph is not None:
+            self._on_engine()
         if self.state.result is not None:
             self._on_result()
         if self.state.selected:
@@ -116,6 +136,29 @@ class GraphPanel(widgets.VBox):
         else:
             self.refresh()
 
+    def _on_engine(self, _change: Any = None) -> None:
+        """A new engine graph: its fused groups are boxed (Fused groups ticks itself) and the engine overlays
+        redrawn."""
+        if self.engine_graph() is not None and not self.fused.value:
+            self.fused.value = True  # refreshes
+        else:
+            self.refresh()
+
+    def engine_graph(self):
+        """The state's engine graph when it is of the model shown, else None (see :meth:`engine_problem`)."""
+        return None if self.engine_problem() else self.state.engine_graph
+
+    def engine_problem(self) -> str:
+        """Why the engine overlays cannot be drawn ("" when they can)."""
+        graph, model = self.state.engine_graph, self.state.model
+        if graph is None:
+            return NO_ENGINE
+        sha = (graph.model or {}).get("sha256")
+        if model is not None and sha and sha != model.fingerprint:
+            name = (graph.model or {}).get("name") or "another model"
+            return f"the engine graph in the Engine tab is of {name}, not of this model: inspect this one there"
+        return ""
+
     def _on_selected(self, change: dict) -> None:
         name = change["new"]
         if not name or self.view is None or name not in self.view.index:
@@ -143,13 +186,25 @@ class GraphPanel(widgets.VBox):
         if self.view is None:
             return
         overlay = self.overlay.value
-        if overlay not in STATIC_OVERLAYS and self.state.result is None:
-            self.message.value = message_html(f"'{OVERLAYS[overlay]}' needs a comparison: run one in Compare", "info")
+        engine, problem = self.engine_graph(), self.engine_problem()
+        notes = []
+        if overlay in RESULT_OVERLAYS and self.state.result is None:
+            notes.append(f"'{OVERLAYS[overlay]}' needs a comparison: run one in Compare")
             overlay = "op_type"
+        elif overlay in ENGINE_OVERLAYS and engine is None:
+            notes.append(f"'{OVERLAYS[overlay]}': {problem}")
+            overlay = "op_type"
+        elif overlay in ENGINE_OVERLAYS:
+            notes.append(f"colours from the engine graph of {engine.engine}" + (
+                f" ({engine.runs} profiled runs)" if overlay == "latency" and engine.runs else ""))
+        if self.fused.value and engine is None and self.overlay.value not in ENGINE_OVERLAYS:
+            notes.append(f"fused groups: {problem}")
+        self.overlay_note.value = "".join(message_html(n, "info") for n in notes)
         try:
             data = graph_payload(
                 self.view, overlay=overlay, result=self.state.result, depth=self._depth(), expanded=self.expanded,
-                focus=self.focus, hops=self.hops.value, title=self.state.model.name if self.focus is None else "")
+                focus=self.focus, hops=self.hops.value, title=self.state.model.name if self.focus is None else "",
+                engine=engine, groups=self.fused.value)
             data["view"] = "fit" if fit else "keep"
             if anchor is not None:
                 data["anchor"] = list(anchor)
@@ -289,5 +344,8 @@ class GraphPanel(widgets.VBox):
             for k, c in enumerate(result.culprits, 1):
                 if c.node == name:
                     lines.append(f"culprit #{k}: {html.escape(c.explanation)}")
+        engine = self.engine_graph()
+        if engine is not None:
+            lines += [html.escape(line) for line in EngineView.of(engine).describe(name)]
         self.show_errors.disabled = not compared
         self.info.value = "<div class='wb-culprit'>" + "<br>".join(lines) + "</div>"

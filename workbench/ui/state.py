@@ -1,4 +1,5 @@
-"""What the panels share: the model, its inspection, the latest comparison and calibration, the selected node."""
+"""What the panels share: the model, its inspection, the latest comparison, calibration and engine graph, the
+selected node."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class WorkbenchState(HasTraits):
     """Observable state: panels watch it (``state.observe(fn, "result")``) instead of calling each other.
 
     ``selected`` is a node name (the graph, the error curve and the culprit list all set and follow it);
+    ``engine_graph`` is the latest :class:`~workbench.engine_graphs.result.EngineGraph` inspected in the Engine tab
+    (the graph view's provider, runtime precision, latency and fused-group overlays, Compare's fallback warning);
     ``show`` asks the enclosing :class:`~workbench.ui.Workbench` to bring a panel forward; ``input_shapes`` is the
     shapes field's text (``x:[1,3,?,?]``), prefilled from each model loaded and shared by Compare, Repair and
     Calibration. Panels set these on the kernel's thread only (see :mod:`workbench.ui.kernel_thread`)."""
@@ -29,6 +32,7 @@ class WorkbenchState(HasTraits):
     inspection = AnyTrait(None, allow_none=True)
     result = AnyTrait(None, allow_none=True)
     calibration = AnyTrait(None, allow_none=True)
+    engine_graph = AnyTrait(None, allow_none=True)
     selected = Unicode("")
     show = Unicode("")
     output_dir = Unicode("")
@@ -56,6 +60,7 @@ class WorkbenchState(HasTraits):
         self.inspection = None
         self.result = None
         self.calibration = None
+        self.engine_graph = None
         self.selected = ""
         self.input_shapes = shapes_template(model)
         self.model = model

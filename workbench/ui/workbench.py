@@ -33,7 +33,9 @@ class Workbench(widgets.VBox):
     demand. A culprit clicked in Compare, a point clicked in Errors, a node clicked in Graph and a kept node
     clicked in Repair select the same node everywhere; Repair shares Compare's inputs and engine choice, and its
     kept nodes are ringed in Graph. Dataset runs many samples (a clicked sample opens in Compare and Errors);
-    Engine looks inside an engine (fused nodes, providers, latency next to the latest comparison's error)."""
+    Engine looks inside an engine (fused nodes, providers, latency next to the latest comparison's error); the
+    engine graph it shows colours Graph (provider, runtime precision, latency, fused-group boxes) and backs
+    Compare's provider-fallback warning."""
 
     def __repr__(self) -> str:
         return fallback_repr(self)

@@ -5,12 +5,17 @@
 // data.anchor [old id, new id] or on a node both layouts share), selected (node id), highlight (ids), height (px),
 // query (the search box, both ways) and matches ([[name, op], ...] best first, from Python) with match_total.
 // Messages to Python: {event: "expand", id} on double click (expand a collapsed name scope).
+// data.groups (an engine's fused groups: {id, label, items, tip}) are drawn as boxes around their items, behind
+// the edges and nodes; hovering a box (off its nodes) shows its tooltip.
 // Colours follow JupyterLab's theme (CSS variables --jp-*), read again when the theme changes.
 
 const NODE_W = 120;
 const NODE_H = 30;
 const X_GAP = 150;
 const Y_GAP = 56;
+const GROUP_PAD = 10;
+const GROUP_COLOR = "#8e24aa";
+const GROUP_FILL = "rgba(142, 36, 170, 0.10)";
 
 function unpack(d) {
   const n = (d && d.ids) ? d.ids.length : 0;
@@ -34,10 +39,27 @@ function unpack(d) {
     y0 = Math.min(y0, ys[i]); y1 = Math.max(y1, ys[i]);
   }
   if (!n) { x0 = y0 = 0; x1 = y1 = 1; }
+  const boxes = [];  // fused groups: world-space rectangles around their items
+  for (const grp of (d && d.groups) || []) {
+    const items = (grp.items || []).filter((k) => k >= 0 && k < n);
+    if (!items.length) continue;
+    let bx0 = Infinity, bx1 = -Infinity, by0 = Infinity, by1 = -Infinity;
+    for (const k of items) {
+      bx0 = Math.min(bx0, xs[k]); bx1 = Math.max(bx1, xs[k]);
+      by0 = Math.min(by0, ys[k]); by1 = Math.max(by1, ys[k]);
+    }
+    boxes.push({ id: grp.id, label: grp.label || "", tip: grp.tip || grp.id, items,
+                 x0: bx0 - NODE_W / 2 - GROUP_PAD, x1: bx1 + NODE_W / 2 + GROUP_PAD,
+                 y0: by0 - NODE_H / 2 - GROUP_PAD, y1: by1 + NODE_H / 2 + GROUP_PAD });
+  }
+  const bounds = { x0: x0 - NODE_W, x1: x1 + NODE_W, y0: y0 - NODE_H, y1: y1 + NODE_H };
+  for (const b of boxes) {  // a box and the label above it stay inside what Fit frames
+    bounds.x0 = Math.min(bounds.x0, b.x0 - GROUP_PAD); bounds.x1 = Math.max(bounds.x1, b.x1 + GROUP_PAD);
+    bounds.y0 = Math.min(bounds.y0, b.y0 - 2 * GROUP_PAD); bounds.y1 = Math.max(bounds.y1, b.y1 + GROUP_PAD);
+  }
   return {
     n, xs, ys, edges, adj, index, ids: d.ids || [], labels: d.labels || [], sub: d.sub || [], tips: d.tips || [],
-    color: d.color || [], group: d.group || [], legend: d.legend || [], title: d.title || "",
-    bounds: { x0: x0 - NODE_W, x1: x1 + NODE_W, y0: y0 - NODE_H, y1: y1 + NODE_H },
+    color: d.color || [], group: d.group || [], legend: d.legend || [], title: d.title || "", boxes, bounds,
   };
 }
 
@@ -84,6 +106,7 @@ function render({ model, el: host }) {
   let selected = -1;
   let highlight = new Set();
   let hover = -1;
+  let hoverBox = -1;  // the fused-group box under the mouse (off its nodes)
   let frame = 0;
   let anim = 0;
   let width = 0, height = 0;
@@ -98,7 +121,7 @@ function render({ model, el: host }) {
     const css = getComputedStyle(host);
     const v = (name, fallback) => (css.getPropertyValue(name) || "").trim() || fallback;
     return { bg: v("--jp-layout-color0", "#ffffff"), edge: v("--jp-border-color1", "#9aa0a6"),
-             outline: v("--jp-ui-font-color2", "#455a64") };
+             outline: v("--jp-ui-font-color2", "#455a64"), group: v("--jp-ui-font-color1", "#4a148c") };
   }
 
   function setHeight() {
@@ -129,6 +152,7 @@ function render({ model, el: host }) {
 
   function hideTip() {
     hover = -1;
+    hoverBox = -1;
     tip.style.display = "none";
   }
 
@@ -219,6 +243,7 @@ function render({ model, el: host }) {
     const vx0 = -tx / s - NODE_W, vx1 = (width - tx) / s + NODE_W;
     const vy0 = -ty / s - NODE_H, vy1 = (height - ty) / s + NODE_H;
     const visible = (i) => g.xs[i] >= vx0 && g.xs[i] <= vx1 && g.ys[i] >= vy0 && g.ys[i] <= vy1;
+    drawBoxes(vx0, vx1, vy0, vy1);
     const E = g.edges;
     const edges = new Path2D();
     const hot = new Path2D();
@@ -287,6 +312,55 @@ function render({ model, el: host }) {
       (selected >= 0 ? ` \u00b7 selected: ${g.ids[selected]}` : "");
   }
 
+  function drawBoxes(vx0, vx1, vy0, vy1) {  // fused groups, behind everything else
+    if (!g.boxes.length) return;
+    const s = view.s;
+    const fill = new Path2D();
+    const line = new Path2D();
+    const labelled = [];
+    g.boxes.forEach((b, k) => {
+      if (b.x1 < vx0 || b.x0 > vx1 || b.y1 < vy0 || b.y0 > vy1) return;
+      fill.roundRect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0, 10);
+      line.roundRect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0, 10);
+      labelled.push(k);
+    });
+    ctx.fillStyle = GROUP_FILL;
+    ctx.fill(fill);
+    ctx.lineWidth = Math.max(2 / s, 1);
+    ctx.strokeStyle = GROUP_COLOR;
+    ctx.stroke(line);
+    if (hoverBox >= 0) {
+      const b = g.boxes[hoverBox];
+      ctx.lineWidth = Math.max(4 / s, 2);
+      ctx.beginPath();
+      ctx.roundRect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0, 10);
+      ctx.stroke();
+    }
+    if (NODE_H * s >= 13) {  // the fused kernel's name, above its box's top-left corner
+      ctx.font = "9px sans-serif";
+      ctx.textAlign = "left";
+      ctx.textBaseline = "bottom";
+      ctx.fillStyle = colors.group;
+      for (const k of labelled) {
+        const b = g.boxes[k];
+        ctx.fillText(fitText(b.label, b.x1 - b.x0 - 8), b.x0 + 4, b.y0 - 1);
+      }
+    }
+  }
+
+  function hitBox(ev) {  // the smallest fused-group box under the mouse
+    if (!g.boxes.length) return -1;
+    const r = canvas.getBoundingClientRect();
+    const wx = (ev.clientX - r.left - view.tx) / view.s;
+    const wy = (ev.clientY - r.top - view.ty) / view.s;
+    let best = -1, area = Infinity;
+    g.boxes.forEach((b, k) => {
+      const a = (b.x1 - b.x0) * (b.y1 - b.y0);
+      if (wx >= b.x0 && wx <= b.x1 && wy >= b.y0 && wy <= b.y1 && a < area) { best = k; area = a; }
+    });
+    return best;
+  }
+
   const darkCache = new Map();
   function isDark(color) {
     if (!darkCache.has(color)) {
@@ -348,10 +422,11 @@ function render({ model, el: host }) {
       return;
     }
     const i = hit(ev);
-    if (i !== hover) { hover = i; schedule(); }
-    if (i >= 0) {
+    const k = i >= 0 ? -1 : hitBox(ev);
+    if (i !== hover || k !== hoverBox) { hover = i; hoverBox = k; schedule(); }
+    if (i >= 0 || k >= 0) {
       const r = stage.getBoundingClientRect();
-      tip.textContent = g.tips[i] || g.ids[i];
+      tip.textContent = i >= 0 ? (g.tips[i] || g.ids[i]) : g.boxes[k].tip;
       tip.style.left = `${ev.clientX - r.left + 14}px`;
       tip.style.top = `${ev.clientY - r.top + 14}px`;
       tip.style.display = "block";
@@ -359,7 +434,12 @@ function render({ model, el: host }) {
       tip.style.display = "none";
     }
   });
-  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; schedule(); });
+  canvas.addEventListener("mouseleave", () => {
+    hover = -1;
+    hoverBox = -1;
+    tip.style.display = "none";
+    schedule();
+  });
   canvas.addEventListener("click", (ev) => {
     if (drag && drag.moved) return;
     const i = hit(ev);
@@ -390,13 +470,21 @@ function render({ model, el: host }) {
   outBtn.addEventListener("click", () => zoomAt(width / 2, height / 2, 1 / 1.5));
 
   function renderLegend() {
-    legend.replaceChildren(...g.legend.map(([label, color]) => {
+    const keys = g.legend.map(([label, color]) => {
       const item = el("span", "wb-graph-key");
       const sw = el("i", "wb-graph-swatch");
       sw.style.background = color;
       item.append(sw, document.createTextNode(label));
       return item;
-    }));
+    });
+    if (g.boxes.length) {  // the boxes' key: an outlined swatch
+      const item = el("span", "wb-graph-key wb-graph-key-group");
+      const sw = el("i", "wb-graph-swatch wb-graph-swatch-group");
+      item.append(sw, document.createTextNode(`fused group (${g.boxes.length})`));
+      item.title = "an executed node of the engine that runs several ONNX nodes: hover a box for its kernel";
+      keys.push(item);
+    }
+    legend.replaceChildren(...keys);
   }
 
   function syncSelected(animate) {
@@ -525,6 +613,13 @@ function render({ model, el: host }) {
     return x >= 0 && x <= width && y >= 0 && y <= height;
   });
   root.wbView = () => ({ ...view });
+  // the fused-group boxes drawn (client coordinates)
+  root.wbGroupBoxes = () => {
+    const r = canvas.getBoundingClientRect();
+    return g.boxes.map((b) => ({ id: b.id, items: b.items.map((k) => g.ids[k]),
+      x0: r.left + view.tx + b.x0 * view.s, x1: r.left + view.tx + b.x1 * view.s,
+      y0: r.top + view.ty + b.y0 * view.s, y1: r.top + view.ty + b.y1 * view.s }));
+  };
   root.wbColors = () => ({ ...colors });
   return () => {
     ro.disconnect();
