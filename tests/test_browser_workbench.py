@@ -76,7 +76,9 @@ def test_quickstart_finds_the_culprit_in_the_browser(browser_page, artifacts):
         wb.locator(".lm-TabBar-tab", has_text=name).click()
 
     tab("Compare")
-    wb.locator("button", has_text="Run").first.click()
+    # the Dataset tab (filled by a later cell) has a Run button too, hidden: click the visible one, and give the
+    # Compare panel time to build on a loaded machine
+    _visible(wb.locator("button", has_text="Run")).first.click(timeout=180_000)
     culprit = wb.locator("button", has_text=f"#1 {CULPRIT}")
     culprit.wait_for()
     assert "first divergent: /bn_big_var/BatchNormalization" in wb.inner_text()
