@@ -69,7 +69,9 @@ def scope_id(scope: Iterable[str]) -> str:
 
 @dataclass
 class GraphView:
-    """A graph's nodes (topological order), edges between them, and each node's scope: built once per model."""
+    """A graph's nodes (topological order), edges between them, and each node's scope: built once per model.
+    ``edge_tensors[k]``: the tensor(s) edge ``edges[k]`` carries, described ("name  float32 [1, 8]");
+    ``hidden``: the nodes left out (Constant, Identity: see :meth:`from_graph`)."""
 
     names: list[str]
     ops: list[str]
@@ -78,19 +80,40 @@ class GraphView:
     outputs: list[str]
     shapes: list[str]
     index: dict[str, int] = field(default_factory=dict)
+    edge_tensors: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_graph(cls, graph: Any, constants: bool = False) -> GraphView:
-        """``constants``: show Constant nodes too (parameters, not layers: hidden by default, as Netron does)."""
-        nodes = [n for n in graph.nodes if constants or n.op_type != "Constant"]
+    def from_graph(cls, graph: Any, constants: bool = False, hide: Iterable[str] = ()) -> GraphView:
+        """``constants``: show Constant nodes too (parameters, not layers: hidden by default, as Netron does).
+        ``hide``: op types left out as well (``("Identity",)``); an edge through a hidden node is bridged: its
+        consumers are joined to what feeds it (its first input)."""
+        hidden_ops = set(hide) | (set() if constants else {"Constant"})
+        nodes = [n for n in graph.nodes if n.op_type not in hidden_ops]
+        gone = [n for n in graph.nodes if n.op_type in hidden_ops]
+        alias: dict[str, str] = {}  # a hidden node's output -> the tensor it passes on (its first input)
+        for n in gone:  # topological order: a chain of hidden nodes resolves to its first source
+            src = next((t for t in n.inputs if t), None)
+            if src is not None:
+                for o in n.outputs:
+                    if o:
+                        alias[o] = alias.get(src, src)
         names = [n.name for n in nodes]
         index = {n: i for i, n in enumerate(names)}
         producer_index = {t: index[p] for t, p in graph.producer.items() if p in index}
-        edges = sorted({(producer_index[t], v) for v, n in enumerate(nodes) for t in n.inputs
-                        if t in producer_index and producer_index[t] != v})
+        carried: dict[tuple[int, int], list[str]] = {}
+        for v, n in enumerate(nodes):
+            for t in n.inputs:
+                u = producer_index.get(alias.get(t, t))
+                if u is not None and u != v and t not in carried.setdefault((u, v), []):
+                    carried[(u, v)].append(t)
+        edges = sorted(carried)
+        edge_tensors = ["\n".join(f"{t}  {_describe_tensor(graph.tensors.get(t))}".rstrip() for t in carried[e])
+                        for e in edges]
         outputs = [next((o for o in n.outputs if o), "") for n in nodes]
         shapes = [_describe_tensor(graph.tensors.get(o)) for o in outputs]
-        return cls(names, [n.op_type for n in nodes], edges, [scope_of(n) for n in names], outputs, shapes, index)
+        return cls(names, [n.op_type for n in nodes], edges, [scope_of(n) for n in names], outputs, shapes, index,
+                   edge_tensors, [n.name for n in gone])
 
     @property
     def max_depth(self) -> int:
@@ -116,10 +139,78 @@ class GraphView:
 
 
 def _describe_tensor(info: Any) -> str:
-    if info is None:
+    if info is None or (info.dtype is None and info.shape is None):
         return ""
     shape = "?" if info.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in info.shape) + "]"
     return f"{info.dtype or '?'} {shape}"
+
+
+#: values shown of a tensor attribute or initializer in the node inspector
+INSPECT_VALUES = 6
+#: tensors over this many elements are described by dtype and shape only (decoding them would stall a click)
+INSPECT_MAX_ELEMENTS = 1 << 22
+
+
+def summarize_value(value: Any) -> str:
+    """An attribute value as the inspector shows it: scalars and short lists as they are, tensors as dtype, shape
+    and their first few values, graphs by their node count."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(value, onnx.TensorProto):
+        dims = list(value.dims)
+        if math.prod(dims) > INSPECT_MAX_ELEMENTS:  # a big weight: not decoded to show six values
+            return f"tensor {onnx.TensorProto.DataType.Name(value.data_type).lower()} {dims}"
+        try:
+            arr = numpy_helper.to_array(value)
+        except Exception:  # noqa: BLE001 - external or odd data: shape and type only
+            return f"tensor {onnx.TensorProto.DataType.Name(value.data_type).lower()} {list(value.dims)}"
+        flat = arr.reshape(-1)[:INSPECT_VALUES]
+        vals = ", ".join(f"{v:.6g}" if isinstance(v, (float, np.floating)) else str(v) for v in flat.tolist())
+        more = ", ..." if arr.size > INSPECT_VALUES else ""
+        return f"tensor {arr.dtype.name} {list(arr.shape)}: [{vals}{more}]"
+    if isinstance(value, onnx.GraphProto):
+        return f"graph {value.name or ''} ({len(value.node)} nodes)".replace("  ", " ")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        shown = [summarize_value(v) for v in value[:16]]
+        return "[" + ", ".join(shown) + (f", ... ({len(value)} items)" if len(value) > 16 else "") + "]"
+    return str(value)
+
+
+def node_details(proto: Any, graph: Any, name: str) -> dict:
+    """What the inspector shows of node ``name`` (like Netron): op type, domain, its attributes (name, type,
+    value summarised), its inputs and outputs (name, kind, dtype and shape; an initializer's first values).
+    ``proto``: the ModelProto (attributes); ``graph``: its GraphInfo (tensor shapes and dtypes)."""
+    import onnx
+    from onnx import helper
+
+    info = graph.node(name)
+    node = next((n for n in proto.graph.node if n.name == name), None)
+    attributes = []
+    for a in node.attribute if node is not None else []:
+        try:
+            value = summarize_value(helper.get_attribute_value(a))
+        except Exception as e:  # noqa: BLE001 - an attribute onnx cannot read is reported, not raised
+            value = f"(unreadable: {e})"
+        attributes.append({"name": a.name, "type": onnx.AttributeProto.AttributeType.Name(a.type).lower(),
+                           "value": value})
+    inits = {t.name: t for t in proto.graph.initializer}
+
+    def tensor(t: str) -> dict:
+        ti = graph.tensors.get(t)
+        row = {"name": t, "kind": ti.kind if ti is not None else "", "type": _describe_tensor(ti)}
+        if t in inits:
+            row["value"] = summarize_value(inits[t])
+        return row
+
+    return {"name": name, "op_type": info.op_type, "domain": info.domain, "index": info.topo_index,
+            "attributes": attributes, "inputs": [tensor(t) for t in info.inputs if t],
+            "outputs": [tensor(t) for t in info.outputs if t]}
 
 
 def items_at(view: GraphView, depth: int | None, expanded: Iterable[str] = (),
@@ -346,8 +437,11 @@ def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = No
     else:
         ids, members = items_at(view, depth, expanded)
     item_of = {i: k for k, idx in enumerate(members) for i in idx}
-    edges = sorted({(item_of[u], item_of[v]) for u, v in view.edges
-                    if u in item_of and v in item_of and item_of[u] != item_of[v]})
+    carried: dict[tuple[int, int], list[str]] = {}
+    for (u, v), tensors in zip(view.edges, view.edge_tensors or [""] * len(view.edges)):
+        if u in item_of and v in item_of and item_of[u] != item_of[v]:
+            carried.setdefault((item_of[u], item_of[v]), []).append(tensors)
+    edges = sorted(carried)
     x, layer = layered_layout(len(ids), edges)
     classes, legend = _node_classes(view, overlay, result, ev)
     op_colors = _op_colors(view)
@@ -376,8 +470,15 @@ def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = No
     boxes = fused_groups(ev, item_of_node(ids, members, view)) if ev is not None and groups else []
     return {"ids": ids, "labels": labels, "sub": subs, "tips": tips, "x": [round(v, 3) for v in x], "y": layer,
             "color": colors, "group": group, "edges": [k for e in edges for k in e],
+            "edge_tips": [_edge_tip(carried[e]) for e in edges],
             "legend": [list(item) for item in legend], "title": title, "overlay": overlay, "groups": boxes,
             "engine": engine.engine if engine is not None else ""}
+
+
+def _edge_tip(tensors: list[str]) -> str:
+    """What an edge carries: its tensors (name, dtype, shape), the first few of a collapsed scope's many."""
+    lines = [line for t in tensors for line in t.split("\n") if line]
+    return "\n".join(lines[:4]) + (f"\n+{len(lines) - 4} more tensors" if len(lines) > 4 else "")
 
 
 def item_of_node(ids: list[str], members: list[list[int]], view: GraphView) -> dict[str, int]:

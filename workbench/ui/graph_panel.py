@@ -2,7 +2,10 @@
 the other panels through the shared selection. The engine overlays (execution provider, runtime precision,
 latency) and the fused-group boxes come from the state's ``engine_graph``: the latest engine inspected in the
 Engine tab. The view (pan and zoom) stays where the user put it when the overlay changes, a scope opens or a
-result arrives; it is framed again only for a new model, a new detail level, a focus and "Whole graph"."""
+result arrives; it is framed again only for a new model, a new detail level, a focus and "Whole graph".
+"hide Identity/Constant" (on by default) leaves those nodes out, bridging the edges through an Identity; the
+selected node is described below the graph like Netron does (op type, domain, attributes with values, typed
+inputs and outputs)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from ..plots.graph import (
     auto_depth,
     graph_payload,
     items_at,
+    node_details,
     rank_matches,
     reveal,
 )
@@ -63,8 +67,10 @@ class GraphPanel(widgets.VBox):
         self.focus_button = widgets.Button(description="Focus", icon="crosshairs",
                                           tooltip="show only the selected node's neighbourhood (hops)")
         self.reset_button = widgets.Button(description="Whole graph", icon="expand")
-        self.constants = widgets.Checkbox(value=False, description="Constant nodes", indent=False,
-                                          layout=widgets.Layout(width="140px"))
+        self.hide_trivial = widgets.Checkbox(value=True, description="hide Identity/Constant", indent=False,
+                                             tooltip="leave Identity and Constant nodes out (edges through an "
+                                                     "Identity are bridged)",
+                                             layout=widgets.Layout(width="170px"))
         self.fused = widgets.Checkbox(value=False, description="Fused groups", indent=False,
                                       tooltip="box the ONNX nodes each executed node of the engine graph fuses "
                                               "(inspect an engine in the Engine tab)",
@@ -77,7 +83,7 @@ class GraphPanel(widgets.VBox):
         self._quiet_query = False
         self.overlay.observe(lambda _: self.refresh(), "value")
         self.depth.observe(self._on_depth, "value")
-        self.constants.observe(lambda _: self._on_model(), "value")
+        self.hide_trivial.observe(self._on_hide, "value")
         self.fused.observe(lambda _: self.refresh(), "value")
         self.canvas.observe(self._on_query, "query")
         self.focus_button.on_click(lambda _: self.focus_on(self.state.selected))
@@ -90,7 +96,7 @@ class GraphPanel(widgets.VBox):
         self.state.observe(self._on_selected, "selected")
         self.state.observe(self._on_engine, "engine_graph")
         bar1 = widgets.HBox([self.overlay, self.depth, self.fused])
-        bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.constants, self.show_errors])
+        bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.hide_trivial, self.show_errors])
         super().__init__([style_tag(), bar1, bar2, self.message, self.overlay_note, self.canvas, self.info])
         self.add_class("wb-root")
         self._on_model()
@@ -110,7 +116,8 @@ class GraphPanel(widgets.VBox):
             self.view = None
             self.message.value = message_html("no model loaded", "warn")
             return
-        self.view = GraphView.from_graph(model.graph, constants=self.constants.value)
+        hide = self.hide_trivial.value
+        self.view = GraphView.from_graph(model.graph, constants=not hide, hide=("Identity",) if hide else ())
         start = auto_depth(self.view, self.max_nodes)
         options = [("every node", -1)] + [(f"scopes to depth {d}", d) for d in range(1, self.view.max_depth + 1)]
         if start is not None and start not in {v for _, v in options}:
@@ -159,8 +166,16 @@ class GraphPanel(widgets.VBox):
             return f"the engine graph in the Engine tab is of {name}, not of this model: inspect this one there"
         return ""
 
+    def _on_hide(self, _change: Any) -> None:
+        """Identity/Constant nodes shown or left out: the same model again, the selection kept."""
+        self._on_model()
+        if self.state.selected:
+            self._on_selected({"new": self.state.selected})
+
     def _on_selected(self, change: dict) -> None:
         name = change["new"]
+        if name and self.view is not None and name in self.view.hidden:
+            self.hide_trivial.value = False  # a hidden Identity/Constant picked elsewhere: show them (rebuilds)
         if not name or self.view is None or name not in self.view.index:
             return
         if self.focus is not None and name not in {self.view.names[i]
@@ -327,9 +342,7 @@ class GraphPanel(widgets.VBox):
     def _describe(self, name: str) -> None:
         model, result = self.state.model, self.state.result
         node = model.graph.node(name)
-        lines = [f"<b>{html.escape(name)}</b> ({html.escape(node.op_type)}, #{node.topo_index})",
-                 "inputs: " + html.escape(", ".join(i for i in node.inputs if i)),
-                 "outputs: " + html.escape(", ".join(o for o in node.outputs if o))]
+        lines = [f"<b>{html.escape(name)}</b> ({html.escape(node.op_type)}, #{node.topo_index})"]
         compared = False
         if result is not None:
             for t in result.tensors:
@@ -348,4 +361,27 @@ class GraphPanel(widgets.VBox):
         if engine is not None:
             lines += [html.escape(line) for line in EngineView.of(engine).describe(name)]
         self.show_errors.disabled = not compared
-        self.info.value = "<div class='wb-culprit'>" + "<br>".join(lines) + "</div>"
+        try:
+            inspector = inspector_html(node_details(model.proto, model.graph, name))
+        except Exception as e:  # noqa: BLE001 - the inspector is a convenience: say why it is missing
+            inspector = error_html(e, "inspecting the node")
+        self.info.value = "<div class='wb-culprit'>" + "<br>".join(lines) + "</div>" + inspector
+
+
+def inspector_html(d: dict) -> str:
+    """The node inspector (like Netron's): op type and domain, attributes with values, inputs and outputs with
+    dtype and shape (an initializer's first values), as a table."""
+    e = html.escape
+    muted = "<span style='color: var(--jp-ui-font-color2)'>"
+    rows = [f"<tr><th>type</th><td><b>{e(d['op_type'])}</b> {muted}{e(d['domain'])}</span></td></tr>"]
+    rows.append(f"<tr><th colspan=2>attributes ({len(d['attributes'])})</th></tr>")
+    rows += [f"<tr><td>{e(a['name'])}</td><td><code>{e(a['value'])}</code> "
+             f"{muted}{e(a['type'])}</span></td></tr>" for a in d["attributes"]]
+    for part in ("inputs", "outputs"):
+        rows.append(f"<tr><th colspan=2>{part} ({len(d[part])})</th></tr>")
+        for t in d[part]:
+            value = f"<br><code>{e(t['value'])}</code>" if t.get("value") else ""
+            kind = f" {muted}{e(t['kind'])}</span>" if t["kind"] not in ("", "intermediate") else ""
+            rows.append(f"<tr><td>{e(t['name'])}</td><td>{e(t['type'] or '?')}{kind}{value}</td></tr>")
+    return ("<table class='wb-inspector' style='border-collapse: collapse; margin-top: 4px; text-align: left; "
+            "color: var(--jp-ui-font-color1)'>" + "".join(rows) + "</table>")

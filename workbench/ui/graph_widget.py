@@ -4,7 +4,10 @@ Python sends the laid-out view (:func:`workbench.plots.graph.graph_payload`) in 
 or "keep" the pan/zoom, and ``anchor``); the browser draws, pans, zooms and reports a click by setting
 ``selected`` (a node name or ``scope:/a/b``) and a double click on a collapsed scope with the message
 ``{"event": "expand", "id": ...}``. The search box sets ``query``; Python answers with ``matches`` (best first)
-and selects the first; the browser lists them and steps through them (Enter / Shift+Enter, arrows, buttons)."""
+and selects the first; the browser lists them and steps through them (Enter / Shift+Enter, arrows, buttons).
+Edges carry their tensors (``data["edge_tips"]``: name, dtype, shape), shown on hover and, zoomed in, as labels;
+a minimap (the Map button) shows the whole graph and the viewport (click or drag it to move the view); PNG and
+SVG download the current view (done in the browser: nothing goes through the kernel)."""
 
 from __future__ import annotations
 

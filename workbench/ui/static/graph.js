@@ -7,6 +7,9 @@
 // Messages to Python: {event: "expand", id} on double click (expand a collapsed name scope).
 // data.groups (an engine's fused groups: {id, label, items, tip}) are drawn as boxes around their items, behind
 // the edges and nodes; hovering a box (off its nodes) shows its tooltip.
+// data.edge_tips (one per edge: "tensor  dtype [shape]" lines) show on hovering an edge and, zoomed in, as labels.
+// A minimap (bottom right, the Map button) shows the whole graph and the viewport; click or drag it to move.
+// PNG / SVG download the current view (the canvas; an SVG of what is on screen), in the browser.
 // Colours follow JupyterLab's theme (CSS variables --jp-*), read again when the theme changes.
 
 const NODE_W = 120;
@@ -60,6 +63,7 @@ function unpack(d) {
   return {
     n, xs, ys, edges, adj, index, ids: d.ids || [], labels: d.labels || [], sub: d.sub || [], tips: d.tips || [],
     color: d.color || [], group: d.group || [], legend: d.legend || [], title: d.title || "", boxes, bounds,
+    edgeTips: d.edge_tips || [],
   };
 }
 
@@ -92,11 +96,19 @@ function render({ model, el: host }) {
   fitBtn.title = "fit the whole graph";
   inBtn.title = "zoom in";
   outBtn.title = "zoom out";
-  bar.append(fitBtn, inBtn, outBtn, find, prevBtn, nextBtn, count, status, results);
+  const pngBtn = el("button", "wb-graph-btn wb-graph-png", "PNG");
+  const svgBtn = el("button", "wb-graph-btn wb-graph-svg", "SVG");
+  pngBtn.title = "download the current view as a PNG image";
+  svgBtn.title = "download the current view as an SVG drawing";
+  const mapBtn = el("button", "wb-graph-btn wb-graph-mapbtn", "Map");
+  mapBtn.title = "show or hide the minimap (click or drag in it to move the view)";
+  bar.append(fitBtn, inBtn, outBtn, find, prevBtn, nextBtn, count, mapBtn, pngBtn, svgBtn, status, results);
   const stage = el("div", "wb-graph-stage");
   const canvas = el("canvas", "wb-graph-canvas");
   const tip = el("div", "wb-graph-tip");
-  stage.append(canvas, tip);
+  const mini = el("canvas", "wb-graph-minimap");
+  mini.title = "the whole graph: click or drag to move the view";
+  stage.append(canvas, mini, tip);
   root.append(bar, stage, legend);
   host.append(root);
 
@@ -107,6 +119,9 @@ function render({ model, el: host }) {
   let highlight = new Set();
   let hover = -1;
   let hoverBox = -1;  // the fused-group box under the mouse (off its nodes)
+  let hoverEdge = -1;  // the edge under the mouse (off nodes and boxes): its tensor in the tooltip
+  let miniBase = null;  // the minimap's nodes, drawn once per layout
+  let miniOn = true;
   let frame = 0;
   let anim = 0;
   let width = 0, height = 0;
@@ -121,6 +136,7 @@ function render({ model, el: host }) {
     const css = getComputedStyle(host);
     const v = (name, fallback) => (css.getPropertyValue(name) || "").trim() || fallback;
     return { bg: v("--jp-layout-color0", "#ffffff"), edge: v("--jp-border-color1", "#9aa0a6"),
+             label: v("--jp-ui-font-color2", "#546e7a"),
              outline: v("--jp-ui-font-color2", "#455a64"), group: v("--jp-ui-font-color1", "#4a148c") };
   }
 
@@ -153,6 +169,7 @@ function render({ model, el: host }) {
   function hideTip() {
     hover = -1;
     hoverBox = -1;
+    hoverEdge = -1;
     tip.style.display = "none";
   }
 
@@ -218,18 +235,56 @@ function render({ model, el: host }) {
     anim = requestAnimationFrame(step);
   }
 
-  function edgePath(path, a, b) {
+  function edgeCurve(a, b) {  // [x1, y1, c1x, c1y, c2x, c2y, x2, y2]: a cubic from a's bottom to b's top
     const x1 = g.xs[a], y1 = g.ys[a] + NODE_H / 2, x2 = g.xs[b], y2 = g.ys[b] - NODE_H / 2;
-    path.moveTo(x1, y1);
     const dy = y2 - y1;
     if (dy > Y_GAP * 1.5 && Math.abs(x2 - x1) < X_GAP / 2) {  // a skip connection along a column: bow sideways
       const off = X_GAP * 0.55;
-      path.bezierCurveTo(x1 + off, y1 + dy * 0.25, x2 + off, y2 - dy * 0.25, x2, y2);
-    } else if (dy < 0) {  // a back edge (after collapsing scopes): loop around
-      path.bezierCurveTo(x1 - X_GAP, y1 + Y_GAP, x2 - X_GAP, y2 - Y_GAP, x2, y2);
-    } else {
-      path.bezierCurveTo(x1, y1 + dy / 2, x2, y2 - dy / 2, x2, y2);
+      return [x1, y1, x1 + off, y1 + dy * 0.25, x2 + off, y2 - dy * 0.25, x2, y2];
     }
+    if (dy < 0) return [x1, y1, x1 - X_GAP, y1 + Y_GAP, x2 - X_GAP, y2 - Y_GAP, x2, y2];  // a back edge: loop
+    return [x1, y1, x1, y1 + dy / 2, x2, y2 - dy / 2, x2, y2];
+  }
+  function edgePath(path, a, b) {
+    const c = edgeCurve(a, b);
+    path.moveTo(c[0], c[1]);
+    path.bezierCurveTo(c[2], c[3], c[4], c[5], c[6], c[7]);
+  }
+  function curveAt(c, t) {
+    const u = 1 - t, a = u * u * u, b = 3 * u * u * t, d = 3 * u * t * t, e = t * t * t;
+    return [a * c[0] + b * c[2] + d * c[4] + e * c[6], a * c[1] + b * c[3] + d * c[5] + e * c[7]];
+  }
+  function edgeVisible(k, vx0, vx1, vy0, vy1) {
+    const a = g.edges[k], b = g.edges[k + 1];
+    const ya = Math.min(g.ys[a], g.ys[b]), yb = Math.max(g.ys[a], g.ys[b]);
+    if (yb < vy0 || ya > vy1) return false;
+    return !(Math.max(g.xs[a], g.xs[b]) + X_GAP < vx0 || Math.min(g.xs[a], g.xs[b]) - X_GAP > vx1);
+  }
+  function edgeLabel(k) {  // "float32 [1, 8]": the first tensor's type, without its name
+    const t = (g.edgeTips[k / 2] || "").split("\n")[0];
+    const at = t.indexOf("  ");
+    return at >= 0 ? t.slice(at + 2) : "";
+  }
+  function hitEdge(ev) {  // the edge (index into g.edges, even) within a few pixels of the mouse, -1 if none
+    if (!g.edgeTips.length || NODE_H * view.s < 6) return -1;
+    const r = canvas.getBoundingClientRect();
+    const wx = (ev.clientX - r.left - view.tx) / view.s, wy = (ev.clientY - r.top - view.ty) / view.s;
+    const reach = 5 / view.s;
+    let best = -1, bestD = reach * reach;
+    for (let k = 0; k + 1 < g.edges.length; k += 2) {
+      if (!edgeVisible(k, wx - reach, wx + reach, wy - reach, wy + reach)) continue;
+      const c = edgeCurve(g.edges[k], g.edges[k + 1]);
+      let [px, py] = curveAt(c, 0);
+      for (let j = 1; j <= 16; j++) {
+        const [qx, qy] = curveAt(c, j / 16);
+        const dx = qx - px, dy = qy - py, L = dx * dx + dy * dy || 1;
+        const t = Math.max(0, Math.min(1, ((wx - px) * dx + (wy - py) * dy) / L));
+        const d = (px + t * dx - wx) ** 2 + (py + t * dy - wy) ** 2;
+        if (d < bestD) { bestD = d; best = k; }
+        px = qx; py = qy;
+      }
+    }
+    return best;
   }
 
   function draw() {
@@ -247,12 +302,12 @@ function render({ model, el: host }) {
     const E = g.edges;
     const edges = new Path2D();
     const hot = new Path2D();
+    const labelled = [];
     for (let k = 0; k + 1 < E.length; k += 2) {
+      if (!edgeVisible(k, vx0, vx1, vy0, vy1)) continue;
       const a = E[k], b = E[k + 1];
-      const ya = Math.min(g.ys[a], g.ys[b]), yb = Math.max(g.ys[a], g.ys[b]);
-      if (yb < vy0 || ya > vy1) continue;
-      if (Math.max(g.xs[a], g.xs[b]) + X_GAP < vx0 || Math.min(g.xs[a], g.xs[b]) - X_GAP > vx1) continue;
-      edgePath(a === selected || b === selected ? hot : edges, a, b);
+      edgePath(a === selected || b === selected || k === hoverEdge ? hot : edges, a, b);
+      labelled.push(k);
     }
     ctx.lineWidth = Math.max(1 / s, 0.5);
     ctx.strokeStyle = colors.edge;
@@ -260,6 +315,7 @@ function render({ model, el: host }) {
     ctx.lineWidth = 2.5 / s;
     ctx.strokeStyle = "#1a73e8";
     ctx.stroke(hot);
+    drawEdgeLabels(labelled);
 
     const px = NODE_H * s;
     const byColor = new Map();
@@ -305,12 +361,164 @@ function render({ model, el: host }) {
         }
       }
     }
+    drawMinimap();
     for (const i of highlight) ring(i, "#f9a825", 4);
     if (hover >= 0 && hover !== selected) ring(hover, "#607d8b", 2);
     if (selected >= 0) ring(selected, "#1a73e8", 4);
     status.textContent = `${g.title}${g.title ? " \u00b7 " : ""}${g.n} nodes, ${E.length / 2} edges` +
       (selected >= 0 ? ` \u00b7 selected: ${g.ids[selected]}` : "");
   }
+
+  function labelsShown() { return NODE_H * view.s >= 26 && g.edgeTips.length > 0; }
+  function drawEdgeLabels(ks) {  // zoomed in: each edge's tensor dtype and shape beside its middle
+    root.dataset.edgeLabels = "0";
+    if (!labelsShown()) return;
+    ctx.font = "9px sans-serif";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "middle";
+    ctx.fillStyle = colors.label;
+    let n = 0;
+    for (const k of ks) {
+      const text = edgeLabel(k);
+      if (!text) continue;
+      const [x, y] = curveAt(edgeCurve(g.edges[k], g.edges[k + 1]), 0.5);
+      ctx.fillText(text, x + 4, y);
+      n++;
+    }
+    root.dataset.edgeLabels = String(n);
+  }
+
+  // --- minimap: the whole graph small, the viewport as a rectangle; click or drag to move the view ---------
+  const MINI_W = 180, MINI_H = 130;
+  function miniFrame() {
+    const b = g.bounds, w = b.x1 - b.x0, h = b.y1 - b.y0;
+    const k = Math.min(MINI_W / w, MINI_H / h);
+    return { k, ox: (MINI_W - w * k) / 2 - b.x0 * k, oy: (MINI_H - h * k) / 2 - b.y0 * k };
+  }
+  function drawMiniBase() {  // once per layout: the nodes as dots in their colours
+    const dpr = window.devicePixelRatio || 1;
+    const off = document.createElement("canvas");
+    off.width = MINI_W * dpr; off.height = MINI_H * dpr;
+    const c = off.getContext("2d");
+    c.setTransform(dpr, 0, 0, dpr, 0, 0);
+    c.fillStyle = colors.bg;
+    c.fillRect(0, 0, MINI_W, MINI_H);
+    const f = miniFrame();
+    const w = Math.max(1, NODE_W * f.k), h = Math.max(1, NODE_H * f.k);
+    const byColor = new Map();
+    for (let i = 0; i < g.n; i++) {
+      const col = g.color[i] || "#cfd8dc";
+      if (!byColor.has(col)) byColor.set(col, new Path2D());
+      byColor.get(col).rect(f.ox + g.xs[i] * f.k - w / 2, f.oy + g.ys[i] * f.k - h / 2, w, h);
+    }
+    for (const [col, p] of byColor) { c.fillStyle = col; c.fill(p); }
+    miniBase = off;
+  }
+  function drawMinimap() {
+    mini.style.display = miniOn && g.n ? "block" : "none";
+    if (!miniOn || !g.n) return;
+    const dpr = window.devicePixelRatio || 1;
+    if (mini.width !== MINI_W * dpr) {
+      mini.width = MINI_W * dpr; mini.height = MINI_H * dpr;
+      mini.style.width = `${MINI_W}px`; mini.style.height = `${MINI_H}px`;
+    }
+    if (!miniBase) drawMiniBase();
+    const m = mini.getContext("2d");
+    m.setTransform(1, 0, 0, 1, 0, 0);
+    m.drawImage(miniBase, 0, 0);
+    m.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const r = miniRect();
+    if (r.w < 6) { r.x -= (6 - r.w) / 2; r.w = 6; }  // a tall, narrow graph: the viewport stays visible
+    if (r.h < 6) { r.y -= (6 - r.h) / 2; r.h = 6; }
+    m.fillStyle = "rgba(26, 115, 232, 0.12)";
+    m.fillRect(r.x, r.y, r.w, r.h);
+    m.lineWidth = 1.5;
+    m.strokeStyle = "#1a73e8";
+    m.strokeRect(r.x, r.y, r.w, r.h);
+  }
+  function miniRect() {  // the viewport, in minimap pixels
+    const f = miniFrame();
+    const x0 = -view.tx / view.s, y0 = -view.ty / view.s;
+    return { x: f.ox + x0 * f.k, y: f.oy + y0 * f.k, w: (width / view.s) * f.k, h: (height / view.s) * f.k };
+  }
+  function miniMove(ev) {  // centre the view on the world point under the mouse in the minimap
+    const r = mini.getBoundingClientRect(), f = miniFrame();
+    const wx = (ev.clientX - r.left - f.ox) / f.k, wy = (ev.clientY - r.top - f.oy) / f.k;
+    cancelAnimationFrame(anim);
+    hideTip();
+    view = { s: view.s, tx: width / 2 - wx * view.s, ty: height / 2 - wy * view.s };
+    schedule();
+  }
+  let miniDrag = false;
+  mini.addEventListener("mousedown", (ev) => { ev.preventDefault(); ev.stopPropagation(); miniDrag = true; miniMove(ev); });
+  mini.addEventListener("mousemove", (ev) => { if (miniDrag && ev.buttons) miniMove(ev); });
+  const onMiniUp = () => { miniDrag = false; };
+  window.addEventListener("mouseup", onMiniUp);
+  mapBtn.addEventListener("click", () => { miniOn = !miniOn; schedule(); });
+
+  // --- export: the current view as PNG (the canvas) or SVG (the nodes and edges on screen) ------------------
+  function fileName(ext) {
+    return `${(g.title || "graph").replace(/[^\w.-]+/g, "_").replace(/\.onnx$/, "")}-view.${ext}`;
+  }
+  function download(blob, name) {
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = name;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+  }
+  function svgText() {
+    const { s, tx, ty } = view;
+    const X = (x) => (tx + x * s).toFixed(1), Y = (y) => (ty + y * s).toFixed(1);
+    const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;");
+    const vx0 = -tx / s - NODE_W, vx1 = (width - tx) / s + NODE_W;
+    const vy0 = -ty / s - NODE_H, vy1 = (height - ty) / s + NODE_H;
+    const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" ` +
+                 `viewBox="0 0 ${width} ${height}" font-family="sans-serif">`,
+                 `<rect width="100%" height="100%" fill="${esc(colors.bg)}"/>`];
+    for (const b of g.boxes) {
+      if (b.x1 < vx0 || b.x0 > vx1 || b.y1 < vy0 || b.y0 > vy1) continue;
+      out.push(`<rect class="group" x="${X(b.x0)}" y="${Y(b.y0)}" width="${((b.x1 - b.x0) * s).toFixed(1)}" ` +
+               `height="${((b.y1 - b.y0) * s).toFixed(1)}" rx="${(10 * s).toFixed(1)}" fill="${GROUP_FILL}" ` +
+               `stroke="${GROUP_COLOR}"><title>${esc(b.tip)}</title></rect>`);
+    }
+    const labels = labelsShown();
+    for (let k = 0; k + 1 < g.edges.length; k += 2) {
+      if (!edgeVisible(k, vx0, vx1, vy0, vy1)) continue;
+      const c = edgeCurve(g.edges[k], g.edges[k + 1]);
+      out.push(`<path class="edge" d="M${X(c[0])},${Y(c[1])} C${X(c[2])},${Y(c[3])} ${X(c[4])},${Y(c[5])} ` +
+               `${X(c[6])},${Y(c[7])}" fill="none" stroke="${esc(colors.edge)}">` +
+               `<title>${esc(g.edgeTips[k / 2] || "")}</title></path>`);
+      if (labels && edgeLabel(k)) {
+        const [x, y] = curveAt(c, 0.5);
+        out.push(`<text class="edge-label" x="${X(x + 4)}" y="${Y(y)}" font-size="${(9 * s).toFixed(1)}" ` +
+                 `dominant-baseline="middle" fill="${esc(colors.label)}">${esc(edgeLabel(k))}</text>`);
+      }
+    }
+    const fs = Math.min(12 * s, 14).toFixed(1);
+    for (let i = 0; i < g.n; i++) {
+      if (g.xs[i] < vx0 || g.xs[i] > vx1 || g.ys[i] < vy0 || g.ys[i] > vy1) continue;
+      const col = g.color[i] || "#cfd8dc";
+      out.push(`<g class="node" data-id="${esc(g.ids[i])}"><title>${esc(g.tips[i] || g.ids[i])}</title>` +
+               `<rect x="${X(g.xs[i] - NODE_W / 2)}" y="${Y(g.ys[i] - NODE_H / 2)}" width="${(NODE_W * s).toFixed(1)}" ` +
+               `height="${(NODE_H * s).toFixed(1)}" rx="${(6 * s).toFixed(1)}" fill="${esc(col)}" ` +
+               `stroke="${i === selected ? "#1a73e8" : esc(colors.outline)}" ` +
+               `stroke-width="${i === selected ? 3 : 1}"${g.group[i] ? ' stroke-dasharray="6 3"' : ""}/>` +
+               `<text x="${X(g.xs[i])}" y="${Y(g.ys[i])}" font-size="${fs}" text-anchor="middle" ` +
+               `dominant-baseline="middle" fill="${isDark(col) ? "#ffffff" : "#102027"}">${esc(g.labels[i] || "")}` +
+               "</text></g>");
+    }
+    out.push("</svg>");
+    return out.join("\n");
+  }
+  pngBtn.addEventListener("click", () => {
+    draw();
+    canvas.toBlob((blob) => { if (blob) download(blob, fileName("png")); }, "image/png");
+  });
+  svgBtn.addEventListener("click", () => download(new Blob([svgText()], { type: "image/svg+xml" }), fileName("svg")));
 
   function drawBoxes(vx0, vx1, vy0, vy1) {  // fused groups, behind everything else
     if (!g.boxes.length) return;
@@ -423,10 +631,12 @@ function render({ model, el: host }) {
     }
     const i = hit(ev);
     const k = i >= 0 ? -1 : hitBox(ev);
-    if (i !== hover || k !== hoverBox) { hover = i; hoverBox = k; schedule(); }
-    if (i >= 0 || k >= 0) {
+    const e = i >= 0 || k >= 0 ? -1 : hitEdge(ev);
+    if (i !== hover || k !== hoverBox || e !== hoverEdge) { hover = i; hoverBox = k; hoverEdge = e; schedule(); }
+    if (i >= 0 || k >= 0 || e >= 0) {
       const r = stage.getBoundingClientRect();
-      tip.textContent = i >= 0 ? (g.tips[i] || g.ids[i]) : g.boxes[k].tip;
+      tip.textContent = i >= 0 ? (g.tips[i] || g.ids[i]) : k >= 0 ? g.boxes[k].tip
+        : `${g.edgeTips[e / 2]}\n${g.ids[g.edges[e]]} \u2192 ${g.ids[g.edges[e + 1]]}`;
       tip.style.left = `${ev.clientX - r.left + 14}px`;
       tip.style.top = `${ev.clientY - r.top + 14}px`;
       tip.style.display = "block";
@@ -437,6 +647,7 @@ function render({ model, el: host }) {
   canvas.addEventListener("mouseleave", () => {
     hover = -1;
     hoverBox = -1;
+    hoverEdge = -1;
     tip.style.display = "none";
     schedule();
   });
@@ -487,11 +698,12 @@ function render({ model, el: host }) {
     legend.replaceChildren(...keys);
   }
 
-  function syncSelected(animate) {
-    // ring the selected node; bring it into view only when it is off screen (a click does not move the view)
+  function syncSelected(animate, zoom = false) {
+    // ring the selected node; bring it into view only when it is off screen (a click does not move the view);
+    // ``zoom`` (a new selection): also when it is drawn too small to see (a search in a big graph seen whole)
     const id = model.get("selected");
     selected = id && g.index.has(id) ? g.index.get(id) : -1;
-    if (selected >= 0 && !onScreen(selected)) centreOn(selected, animate);
+    if (selected >= 0 && (!onScreen(selected) || (zoom && NODE_H * view.s < 8))) centreOn(selected, animate);
     const k = matches.findIndex((m) => m[0] === id);
     if (k >= 0) { current = k; renderMatches(); }
     schedule();
@@ -573,6 +785,7 @@ function render({ model, el: host }) {
     const old = g;
     const d = model.get("data") || {};
     g = unpack(d);
+    miniBase = null;
     hideTip();
     renderLegend();
     syncHighlight();
@@ -580,13 +793,13 @@ function render({ model, el: host }) {
     syncSelected(false);
   };
   model.on("change:data", onData);
-  model.on("change:selected", () => syncSelected(true));
+  model.on("change:selected", () => syncSelected(true, true));
   model.on("change:highlight", syncHighlight);
   model.on("change:matches", syncMatches);
   model.on("change:match_total", renderMatches);
   model.on("change:query", syncQuery);
   model.on("change:height", () => { setHeight(); resize(); });
-  const themeWatch = new MutationObserver(() => { colors = themeColors(); schedule(); });
+  const themeWatch = new MutationObserver(() => { colors = themeColors(); miniBase = null; schedule(); });
   themeWatch.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
 
   const ro = new ResizeObserver(() => resize());
@@ -621,11 +834,29 @@ function render({ model, el: host }) {
       y0: r.top + view.ty + b.y0 * view.s, y1: r.top + view.ty + b.y1 * view.s }));
   };
   root.wbColors = () => ({ ...colors });
+  // the minimap's viewport rectangle (client coordinates) and the SVG export's text
+  root.wbMinimap = () => {
+    const r = mini.getBoundingClientRect(), m = miniRect();
+    return { shown: mini.style.display !== "none", left: r.left, top: r.top, width: r.width, height: r.height,
+             x: r.left + m.x, y: r.top + m.y, w: m.w, h: m.h };
+  };
+  root.wbSvg = svgText;
+  root.wbEdgeAt = (a, b) => {  // the middle of the edge a -> b (client coordinates), null if not drawn
+    const i = g.index.get(a), j = g.index.get(b);
+    for (let k = 0; k + 1 < g.edges.length; k += 2) {
+      if (g.edges[k] !== i || g.edges[k + 1] !== j) continue;
+      const [x, y] = curveAt(edgeCurve(i, j), 0.5);
+      const r = canvas.getBoundingClientRect();
+      return { x: r.left + view.tx + x * view.s, y: r.top + view.ty + y * view.s, tip: g.edgeTips[k / 2] || "" };
+    }
+    return null;
+  };
   return () => {
     ro.disconnect();
     themeWatch.disconnect();
     clearTimeout(typing);
     window.removeEventListener("mouseup", onUp);
+    window.removeEventListener("mouseup", onMiniUp);
     cancelAnimationFrame(frame);
     cancelAnimationFrame(anim);
   };
