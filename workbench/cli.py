@@ -109,7 +109,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     check_outputs([Output("--json", args.json), Output("--report", args.report),
                    Output("--bundle", args.bundle, "new")],
                   models={"MODEL": args.model, "--cand-model": args.cand_model},
-                  inputs={"--inputs": args.inputs, "--calib": args.calib})
+                  inputs={"--inputs": args.inputs, "--calib": args.calib, **_code_inputs(args)})
     if args.criterion:
         Criterion.parse(args.criterion)  # a bad criterion fails before the comparison, not after
     if _dataset_mode(args):
@@ -206,7 +206,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     from .report.rerun import rerun_bundle
 
     check_outputs([Output("--json", args.json)], models={"--model": args.model, "--cand-model": args.cand_model},
-                  inputs={"BUNDLE": args.bundle})
+                  inputs={"BUNDLE": args.bundle, "--inputs": args.inputs, **_code_inputs(args)})
     report = rerun_bundle(args.bundle, model=args.model, cand_model=args.cand_model, inputs=args.inputs,
                           preprocess=args.preprocess, metrics=args.metric, workers=args.workers,
                           executor=args.executor, allow_engines=args.allow_engine or (),
@@ -226,6 +226,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     labels = (os.path.basename(args.a.rstrip("/")) or "A", os.path.basename(args.b.rstrip("/")) or "B")
     if dataset_doc(args.a) is not None or dataset_doc(args.b) is not None:
+        if args.metric:
+            raise UsageError("--metric ranks the layers of two single comparisons; a dataset diff lists every "
+                             "changed sample", "drop --metric")
         diff = diff_datasets(args.a, args.b, labels=labels)
         if args.json:
             _write_json(diff.to_json(), args.json)
@@ -342,6 +345,15 @@ def cmd_repair(args: argparse.Namespace) -> int:
     if args.json != "-":
         print(printable_lines(result.render()))
     return result.exit_code
+
+
+def _code_inputs(args: argparse.Namespace) -> dict[str, str | None]:
+    """The files of ``--preprocess`` and ``--metric`` ``file.py:function`` references, as inputs no output may
+    overwrite."""
+    out = {"--preprocess": _code_file(getattr(args, "preprocess", None))}
+    for ref in getattr(args, "metric", None) or ():
+        out[f"--metric {ref}"] = _code_file(ref)
+    return out
 
 
 def _code_file(ref: str | None) -> str | None:

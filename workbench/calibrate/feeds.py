@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,8 @@ class FeedStream:
     """Checked feeds of a :class:`~workbench.dataset.source.Dataset`, read lazily on every pass (see the module
     docstring). Sized; ``stream[i]`` and ``stream[:n]`` read from the start (a list for slices)."""
 
-    def __init__(self, proto, dataset, what: str = "data"):
-        self.proto, self.what = proto, what
+    def __init__(self, proto, dataset, what: str = "data", cancel: threading.Event | None = None):
+        self.proto, self.what, self.cancel = proto, what, cancel
         self.describe = dict(dataset.describe)
         self._spill = None
         if dataset.size is None:
@@ -48,7 +49,7 @@ class FeedStream:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         h = hashlib.sha256()
         count = 0
-        for sample in self.dataset:
+        for sample in self._samples(self.dataset):
             h.update(sample.sha256.encode())
             count += 1
             yield self._check(sample)
@@ -72,13 +73,20 @@ class FeedStream:
             raise IndexError(index)
         return self[index % self.size:index % self.size + 1][0]
 
-    def _check(self, sample) -> dict[str, np.ndarray]:
-        from ..inputs import check_feeds
+    def _samples(self, dataset):
+        """``dataset``'s samples; with ``cancel``, read ahead on a thread so that a Cancel ends a pass even while
+        one sample's preprocessing blocks."""
+        if self.cancel is None:
+            return iter(dataset)
+        from ..core.progress import Steps
+        from ..dataset.source import Prefetch
 
-        try:
-            return check_feeds(self.proto, [sample.feed])[0]
-        except InputError as e:
-            raise InputError(f"{self.what} sample {sample.index} ({sample.source}): {e.message}", e.hint) from None
+        return iter(Prefetch(dataset, Steps(None, self.cancel).check))
+
+    def _check(self, sample) -> dict[str, np.ndarray]:
+        from ..dataset.source import checked
+
+        return checked(self.proto, sample, f"{self.what} sample")
 
     def _seen(self, digest: str, count: int) -> None:
         if self.digest is None:
@@ -100,7 +108,7 @@ class FeedStream:
         self._spill = tempfile.TemporaryDirectory(prefix="workbench-calibration-")
         folder = Path(self._spill.name)
         count = 0
-        for sample in dataset:
+        for sample in self._samples(dataset):
             np.savez(folder / f"{count:08d}.npz", **self._check(sample))
             count += 1
         log.info("%s: %d samples of a one-shot source written to %s to be read on every pass", self.what, count,
@@ -111,8 +119,10 @@ class FeedStream:
         return open_dataset(folder)
 
 
-def as_feeds(loaded, data: Any, *, preprocess: Any = None, what: str = "data") -> list[dict] | FeedStream:
-    """Checked feeds of ``data``: a :class:`FeedStream` for datasets (see the module docstring), else a list."""
+def as_feeds(loaded, data: Any, *, preprocess: Any = None, what: str = "data",
+             cancel: threading.Event | None = None) -> list[dict] | FeedStream:
+    """Checked feeds of ``data``: a :class:`FeedStream` for datasets (see the module docstring), else a list.
+    ``cancel``: a Cancel that ends a pass over a dataset even while a sample's preprocessing blocks."""
     from ..dataset.source import Dataset, open_dataset
     from ..inputs import check_feeds
 
@@ -120,7 +130,7 @@ def as_feeds(loaded, data: Any, *, preprocess: Any = None, what: str = "data") -
         names = [i.name for i in loaded.proto.graph.input
                  if i.name not in {t.name for t in loaded.proto.graph.initializer}]
         dataset = data if isinstance(data, Dataset) else open_dataset(data, preprocess=preprocess, input_names=names)
-        return FeedStream(loaded.proto, dataset, what)
+        return FeedStream(loaded.proto, dataset, what, cancel)
     feeds = check_feeds(loaded.proto, data)
     if not feeds:
         raise CalibrationError(f"{what} holds no feeds", "give at least one feed")

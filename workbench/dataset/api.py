@@ -27,7 +27,7 @@ from .evaluate import Evaluator, Job, ModelRef
 from .executors import ExecutorSpec, run_samples, worker_threads
 from .metrics import TaskMetric, parse_metric
 from .result import DatasetResult, LayerInfo, LayerStats, task_summary
-from .source import Dataset, Sample, open_dataset
+from .source import Dataset, Prefetch, Sample, checked, open_dataset
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ def compare_dataset(
     t0 = time.perf_counter()
     steps = Steps(progress, cancel)
     spec = ExecutorSpec.parse(executor, workers)
-    task_metrics = [_metric(m) for m in (metrics if isinstance(metrics, (list, tuple)) else [metrics])]
+    listed = metrics if isinstance(metrics, (list, tuple)) else [metrics]
+    task_metrics = [_metric(m) for m in (dict.fromkeys(listed) if all(isinstance(m, str) for m in listed)
+                                         else listed)]  # the same name twice counts once
     if isinstance(worst, bool) or not isinstance(worst, int) or worst < 0:
         raise InputError(f"worst must be a whole number >= 0, not {worst!r}")
     if isinstance(calibration_count, bool) or not isinstance(calibration_count, int) or calibration_count < 1:
@@ -75,27 +77,38 @@ def compare_dataset(
     if inputs is None:
         raise InputError("no dataset given", "pass a folder of .npz, a folder of images with a preprocess "
                          "function, or an iterable of feed dicts")
-    from ..inputs import check_feeds
     from ..model.load import LoadedModel, load_model
 
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     names = [i.name for i in loaded.proto.graph.input
              if i.name not in {t.name for t in loaded.proto.graph.initializer}]
     dataset = open_dataset(inputs, preprocess=preprocess, input_names=names)
-    stream = iter(dataset)
-    head = list(itertools.islice(stream, calibration_count))
-    if not head:
-        raise InputError("the dataset holds no samples", "check the folder or the iterable")
-    for s in head:
-        s.feed = check_feeds(loaded.proto, [s.feed])[0]
-    steps(0.0, f"preparing {reference} and {candidate}")
     overrides = {k: v for k, v in options.items() if v is not None}
     overrides.update(culprits=False, impact=0)
-    if calibration is None and "calibration_feeds" not in overrides:
-        overrides["calibration_feeds"] = [s.feed for s in head]
-    elif calibration is not None:
-        overrides["calibration_feeds"] = calibration
-    notes: list[str] = []
+    calibrates = calibration is None and "calibration_feeds" not in overrides and \
+        (_int8(reference) or (cand_model is None and _int8(candidate)))
+    reader = Prefetch(dataset, steps.check)  # reads ahead; Cancel works while a sample's preprocessing blocks
+    try:
+        stream = iter(reader)
+        head = _head(stream, loaded.proto, calibration_count if calibrates else 1, overrides.get("memory_budget"))
+        steps(0.0, f"preparing {reference} and {candidate}")
+        if calibrates:
+            overrides["calibration_feeds"] = [s.feed for s in head]
+        elif calibration is not None:
+            overrides["calibration_feeds"] = calibration
+        notes: list[str] = [spec.note] if spec.note else []
+        return _compare(loaded, reference, candidate, head, stream, dataset, cand_model, calibration, overrides,
+                        spec, task_metrics, notes, steps, layers, worst, t0, run_options={
+                            "dataset": dataset, "inputs": inputs, "preprocess": preprocess, "model": model,
+                            "metrics": [m.spec for m in task_metrics], "cand_model": cand_model, "layers": layers,
+                            "worst": worst, "calibration_count": calibration_count,
+                            "explicit_calibration": calibration is not None})
+    finally:
+        reader.close()
+
+
+def _compare(loaded, reference, candidate, head, stream, dataset, cand_model, calibration, overrides, spec,
+             task_metrics, notes, steps, layers, worst, t0, run_options) -> DatasetResult:
     plan = ComparisonPlan(loaded, reference, candidate, feeds=[head[0].feed], cand_model=cand_model, **overrides)
     try:
         if plan.cand_spec.variant == "int8" and calibration is None and cand_model is None:
@@ -123,14 +136,44 @@ def compare_dataset(
                     ev.close()
         result.timing = {"total_s": round(time.perf_counter() - t0, 4),
                          "samples_per_s": round(len(result.samples) / max(time.perf_counter() - t0, 1e-9), 3)}
-        result.run_options = {"dataset": dataset, "inputs": inputs, "preprocess": preprocess,
-                              "metrics": [m.spec for m in task_metrics], "options": plan.options,
-                              "cand_model": cand_model, "model": model, "layers": layers, "worst": worst,
-                              "calibration_count": calibration_count, "explicit_calibration": calibration is not None}
+        result.run_options = dict(run_options, options=plan.options)
         steps(1.0, "done")
         return result
     finally:
         plan.close()
+
+
+def _int8(spec: Any) -> bool:
+    """Whether ``spec`` is an INT8 variant (calibrated on the dataset's first samples)."""
+    from ..engines.spec import EngineSpec
+    from ..errors import WorkbenchError
+
+    try:
+        return EngineSpec.parse(str(spec)).variant == "int8"
+    except WorkbenchError:
+        return False  # the plan says what is wrong with the spec
+
+
+def _head(stream: Iterator[Sample], proto, count: int, memory_budget: Any) -> list[Sample]:
+    """The first ``count`` samples, checked, held in memory together (INT8 calibration): refused once they need
+    more than the memory budget."""
+    from ..core.budget import default_budget, parse_size
+
+    budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
+    head: list[Sample] = []
+    held = 0
+    for s in itertools.islice(stream, count):
+        s.feed = checked(proto, s)
+        head.append(s)
+        held += sum(a.nbytes for a in s.feed.values())
+        if held > budget:
+            raise InputError(f"INT8 calibration on the first {count} samples holds them in memory: {len(head)} "
+                             f"already need {held / 2**20:.0f} MiB, over the {budget / 2**20:.0f} MiB memory budget",
+                             "calibrate on fewer samples (calibration_count=...), pass calibration=... data, or "
+                             "raise --memory-budget")
+    if not head:
+        raise InputError("the dataset holds no samples", "check the folder or the iterable")
+    return head
 
 
 def _metric(m: Any) -> TaskMetric:
@@ -224,36 +267,43 @@ def _chunks(samples: Iterator[Sample], keep: dict[int, Sample]) -> Iterator[list
 
 def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec, steps: Steps, local,
              task_metrics: list[TaskMetric], notes: list[str], worst: int) -> DatasetResult:
-    from ..inputs import check_feeds
 
     crit = plan.criterion
     stats = LayerStats(infos, crit.metric)
     samples: list[dict] = []
     task_values: dict[str, list[float]] = {}
+    task_indices: dict[str, list[int]] = {}
     lower: set[str] = set()
     for m in task_metrics:
         lower |= m.lower_is_better
-    indices: list[int] = []
     who: dict[int, Sample] = {}
     total = dataset.size
-    checked = {id(s) for s in head}
+    seen = {id(s) for s in head}
 
     def checked_stream():
         for s in itertools.chain(head, stream):
-            if id(s) not in checked:
-                s.feed = check_feeds(loaded.proto, [s.feed])[0]
+            if id(s) not in seen:
+                s.feed = checked(loaded.proto, s)
             yield s
 
     records = run_samples(job, _chunks(checked_stream(), who), spec, steps.span(0.02, 0.98), local=local,
                           notes=notes)
     for rec in records:
         s = who.pop(rec.index)
-        task = {}
+        for arrays in (rec.ref, rec.cand):  # one metric cannot change what the next one reads
+            for a in (arrays or {}).values():
+                a.flags.writeable = False
+        task: dict[str, float] = {}
+        by: dict[str, str] = {}
         for m in task_metrics:
-            task.update(m(rec.ref, rec.cand))
+            for k, v in m(rec.ref, rec.cand).items():
+                if k in by:  # one would silently replace the other
+                    raise InputError(f"metrics {by[k]!r} and {m.spec!r} both report {k!r}",
+                                     "drop one of them, or rename what the custom metric returns")
+                task[k], by[k] = v, m.spec
         for k, v in task.items():
             task_values.setdefault(k, []).append(v)
-        indices.append(rec.index)
+            task_indices.setdefault(k, []).append(rec.index)
         stats.add(rec.values, rec.diverged_layers, rec.first)
         badness = max((crit.badness(m) for m in rec.outputs.values()), default=0.0)
         row = {"index": rec.index, "source": s.source, "sha256": s.sha256, "outputs": rec.outputs, "task": task,
@@ -265,7 +315,7 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
         steps.span(0.02, 0.98)(done / total if total else 0.0, f"{done}{'/' + str(total) if total else ''} samples")
     result = DatasetResult(
         reference=str(plan.ref_spec), candidate=str(plan.cand_spec), criterion=crit, samples=samples,
-        task=task_summary(task_values, indices, lower), layers=stats.summary(), outputs=job.outputs,
+        task=task_summary(task_values, task_indices, lower), layers=stats.summary(), outputs=job.outputs,
         worst_count=worst, lower_is_better=lower, dataset=dict(dataset.describe, count=len(samples)),
         executor=spec.describe(), model={"name": plan.original.name, "sha256": plan.original.fingerprint,
                                          "nodes": len(plan.original.proto.graph.node)},

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..report.bundle import RESULTS, Bundle, BundleWriter
 from ..report.env import diff_versions, package_versions
-from ..report.safety import BundleError, confined, load_npz, read_json
+from ..report.safety import BundleError, check_seal, confined, load_npz, read_json
 from .diff import changed_samples
 from .metrics import BUILTIN
 from .result import DatasetResult
@@ -30,6 +30,10 @@ def save_dataset_bundle(result: DatasetResult, dest: str | os.PathLike, *, inclu
     if not ro:
         raise BundleError("this dataset result keeps no run options (read back from JSON?)",
                           "save the bundle right after compare_dataset(), in the same session")
+    if include_data and ro["dataset"].one_shot:
+        raise BundleError("the dataset came from a generator, which the comparison has read: its samples cannot be "
+                          "read again to store them", "pass a list or a re-iterable source to compare_dataset() to "
+                          "bundle its data, or save without include_data (the rerun then needs inputs=...)")
     writer = BundleWriter(dest, kind=KIND, zip=zip, overwrite=overwrite)
     try:
         m = writer.manifest
@@ -52,9 +56,17 @@ def save_dataset_bundle(result: DatasetResult, dest: str | os.PathLike, *, inclu
             from ..inputs import check_feeds
 
             files, proto = [], result_model(ro)
+            compared = {s["index"]: s["sha256"] for s in result.samples}
             for sample in ro["dataset"]:
+                if compared.get(sample.index) != sample.sha256:  # changed (or new) since the comparison read it
+                    raise BundleError(f"sample {sample.index} ({sample.source}) is not the data the comparison read "
+                                      "(it changed since, or the dataset grew)", "keep the dataset unchanged until "
+                                      "its bundle is saved, or run the comparison again")
                 feed = check_feeds(proto, [sample.feed])[0]
                 files.append(writer.add_arrays(f"inputs/sample_{sample.index:06d}.npz", feed))
+            if len(files) != len(compared):
+                raise BundleError(f"the dataset now holds {len(files)} sample(s), the comparison read "
+                                  f"{len(compared)}", "keep the dataset unchanged until its bundle is saved")
             m["dataset"]["files"] = files
         if opts.calibration_feeds is not None and not isinstance(opts.calibration_feeds, (str, os.PathLike)):
             from ..inputs import feeds_from
@@ -118,36 +130,48 @@ class DatasetRerun:
         return "\n".join(lines)
 
 
-def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None, inputs: Any = None,
-                  preprocess: str | None = None, metrics: list[str] | None = None, workers: int = 1,
-                  executor: str | None = None, progress: Any = None) -> DatasetRerun:
-    """Run the bundle's dataset comparison again (sha256-checked model; the data from the bundle, the recorded
-    folder or ``inputs``, every sample's hash checked) and list the samples whose results changed."""
+def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None,
+                  cand_model: str | os.PathLike | None = None, inputs: Any = None, preprocess: str | None = None,
+                  metrics: list[str] | None = None, workers: int = 1, executor: str | None = None,
+                  progress: Any = None) -> DatasetRerun:
+    """Run the bundle's dataset comparison again (sha256-checked models; the data from the bundle, the recorded
+    folder or ``inputs``, every sample's hash checked) and list the samples whose results changed. The manifest
+    must be sealed and well-formed before anything runs; its preprocessing and custom metrics are never imported
+    (pass them again)."""
     from ..compare.criterion import Criterion
     from ..compare.options import CompareOptions
     from ..report.engine_options import bundle_engine_options
     from .api import compare_dataset
+    from .diff import check_doc
 
     m = b.manifest
+    name = b.source.name
+    if not check_seal(m, f"{name}: manifest.json"):  # every dataset bundle was written sealed
+        raise BundleError(f"{name}: manifest.json carries no seal, and every dataset bundle is written with one",
+                          "the bundle was edited; re-create it")
     opts, data = m.get("dataset_compare"), m.get("dataset")
     if not isinstance(opts, dict) or not isinstance(data, dict):
-        raise BundleError(f"{b.source.name}: manifest has no dataset comparison")
-    saved = read_json(confined(b.root, m.get("results", RESULTS), "results"), f"{b.source.name}: results.json",
-                      schema="workbench.compare/1")
+        raise BundleError(f"{name}: manifest has no dataset comparison")
+    saved = check_doc(read_json(confined(b.root, m.get("results", RESULTS), "results"), f"{name}: results.json",
+                                schema="workbench.compare/1"), f"{name}: results.json")
     notes: list[str] = []
-    loaded = b.load_model("model", model)
-    cand = b.load_model("cand_model", None) if m.get("cand_model") else None
     try:
         typed = dict(opts.get("options") or {})
         engine_options, dropped = bundle_engine_options(typed.get("engine_options"))
         notes += dropped
         typed["engine_options"] = engine_options
         options = CompareOptions.from_json(typed).replace(criterion=Criterion.from_json(opts["criterion"]))
-        recorded_metrics = [str(x) for x in opts.get("metrics") or []]
-        reference, candidate = str(opts["reference"]), str(opts["candidate"])
+        recorded_metrics = [_text(x, "metrics") for x in _list(opts.get("metrics"), "metrics")]
+        reference, candidate = _text(opts["reference"], "reference"), _text(opts["candidate"], "candidate")
+        settings = {"calibration_count": _whole(opts.get("calibration_count", 16), "calibration_count", 1),
+                    "worst": _whole(opts.get("worst", 5), "worst", 0), "layers": _flag(opts.get("layers", True))}
+        recorded = {}
+        for j, s in enumerate(_list(data.get("samples"), "samples")):
+            if not isinstance(s, dict) or not isinstance(s.get("sha256"), str):
+                raise ValueError(f"dataset sample entry {j} is not an object with a sha256")
+            recorded[_whole(s.get("index"), f"samples[{j}].index", 0)] = s
     except (KeyError, TypeError, ValueError) as e:
-        raise BundleError(f"{b.source.name}: manifest 'dataset_compare' is malformed ({type(e).__name__}: {e})") \
-            from None
+        raise BundleError(f"{name}: manifest.json is malformed ({type(e).__name__}: {e})") from None
     custom = [x for x in recorded_metrics if x.partition(":")[0] not in BUILTIN]
     if metrics is None:
         if custom:
@@ -155,16 +179,18 @@ def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None, inputs: 
                               "by itself", "pass them again: workbench rerun BUNDLE --metric " + " ".join(
                                   recorded_metrics))
         metrics = recorded_metrics
-    source, prep = _data_source(b, data, inputs, preprocess)
+    source, prep = _data_source(b, data, inputs, preprocess, notes)
     calib = None
     if isinstance(m.get("calibration"), dict):
-        calib = [load_npz(confined(b.root, f, "manifest 'calibration'"), f"{b.source.name}: {f}")
+        calib = [load_npz(confined(b.root, f, "manifest 'calibration'"), f"{name}: {f}")
                  for f in m["calibration"].get("files") or []]
+    loaded = b.load_model("model", model)
+    cand = b.load_model("cand_model", cand_model) if m.get("cand_model") else None
+    if cand_model is not None and cand is None:
+        raise BundleError(f"{name} compared no candidate model file", "drop --cand-model")
     result = compare_dataset(loaded, reference, candidate, source, preprocess=prep, metrics=metrics,
                              workers=workers, executor=executor, cand_model=cand, calibration=calib,
-                             calibration_count=int(opts.get("calibration_count", 16)), worst=int(opts.get("worst", 5)),
-                             layers=bool(opts.get("layers", True)), progress=progress, options=options)
-    recorded = {s["index"]: s for s in data.get("samples") or []}
+                             progress=progress, options=options, **settings)
     data_changed = []
     if not data.get("included"):
         for s in result.samples:
@@ -177,14 +203,39 @@ def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None, inputs: 
             data_changed.append({"index": i, "source": recorded[i].get("source"), "why": "missing now"})
     changed = changed_samples(saved.get("samples") or [], result.to_json()["samples"], check_data=False)
     versions = diff_versions(m.get("versions") or {}, package_versions())
-    return DatasetRerun(b.source.name, saved, result, changed, data_changed, versions, notes)
+    return DatasetRerun(name, saved, result, changed, data_changed, versions, notes)
 
 
-def _data_source(b: Bundle, data: dict, inputs: Any, preprocess: str | None):
+def _list(value: Any, what: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{what} is a {type(value).__name__}, not a list")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} holds a {type(value).__name__}, not text")
+    return value
+
+
+def _whole(value: Any, what: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{what} is {value!r}, not a whole number >= {low}")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"layers is {value!r}, not true or false")
+    return value
+
+
+def _data_source(b: Bundle, data: dict, inputs: Any, preprocess: str | None, notes: list[str]):
     if inputs is None and data.get("included"):
-        files = data.get("files") or []
-        return [load_npz(confined(b.root, f, "manifest 'dataset.files'"), f"{b.source.name}: {f}") for f in files], \
-            None
+        files = [confined(b.root, f, "manifest 'dataset.files'") for f in _files(data.get("files"))]
+        return _bundled(b, data, files), None
     recorded_prep = data.get("preprocess")
     if inputs is None:
         folder = data.get("folder")
@@ -195,8 +246,32 @@ def _data_source(b: Bundle, data: dict, inputs: Any, preprocess: str | None):
         if not Path(folder).is_dir():
             raise BundleError(f"the dataset folder {folder} recorded in the bundle is not here",
                               "pass the data: workbench rerun BUNDLE --inputs DIR")
+        notes.append(f"samples read from {folder}, the folder the bundle records (pass --inputs DIR for another)")
     if recorded_prep and preprocess is None:
         raise BundleError(f"the bundle's samples were preprocessed by {recorded_prep!r}, user code that a bundle "
                           "never runs by itself", f"pass it again: --preprocess {recorded_prep}")
     return inputs, preprocess
 
+
+def _files(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
+        raise BundleError("manifest 'dataset.files' is not a list of paths", "the bundle was edited; re-create it")
+    return value
+
+
+def _bundled(b: Bundle, data: dict, files: list[Path]):
+    """The bundle's stored samples as a dataset read one file at a time (memory flat), each under the source
+    name the original run gave it."""
+    from .source import Dataset, Sample, hash_feed
+
+    sources = {s.get("index"): s.get("source") for s in data.get("samples") or [] if isinstance(s, dict)}
+
+    def at(i: int) -> Sample:
+        feed = load_npz(files[i], f"{b.source.name}: {files[i].name}")
+        return Sample(i, str(sources.get(i) or files[i].name), feed, hash_feed(feed))
+
+    def items():
+        for i in range(len(files)):
+            yield at(i)
+
+    return Dataset({"kind": "bundle", "count": len(files), "preprocess": None}, items, len(files), at)

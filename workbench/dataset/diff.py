@@ -15,11 +15,10 @@ RTOL = 1e-9
 
 
 def dataset_doc(source: Any) -> dict | None:
-    """The dataset result JSON of ``source`` (a ``kind: "dataset"`` results file or a dataset bundle), else None."""
-    import json
-
+    """The dataset result JSON of ``source`` (a ``kind: "dataset"`` results file or a dataset bundle), else None.
+    Files are read only when regular and within the size cap of any workbench JSON."""
     from ..report.bundle import MANIFEST, RESULTS, load_bundle
-    from ..report.safety import confined, read_json
+    from ..report.safety import BundleError, confined, read_json
 
     if isinstance(source, dict):
         return source if source.get("kind") == KIND else None
@@ -30,8 +29,8 @@ def dataset_doc(source: Any) -> dict | None:
         if path.is_dir() and not (path / MANIFEST).is_file():
             return None
         try:
-            manifest = json.loads((path / MANIFEST).read_text()) if path.is_dir() else None
-        except (OSError, ValueError):
+            manifest = read_json(path / MANIFEST, f"{path.name}: {MANIFEST}") if path.is_dir() else None
+        except BundleError:
             return None
         if manifest is not None and manifest.get("kind") != KIND:
             return None
@@ -42,11 +41,41 @@ def dataset_doc(source: Any) -> dict | None:
                              f"{path.name}: results.json", schema="workbench.compare/1")
     if path.is_file() and path.suffix.lower() == ".json":
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
+            doc = read_json(path, path.name)
+        except BundleError:
             return None
-        return doc if isinstance(doc, dict) and doc.get("kind") == KIND else None
+        return doc if doc.get("kind") == KIND else None
     return None
+
+
+def check_doc(doc: dict, where: str) -> dict:
+    """``doc`` when its samples and task aggregates have the shape a dataset result has (each sample an object
+    with a whole-number ``index``; ``task``/``outputs`` objects), else a :class:`BundleError` in one line."""
+    from ..report.safety import BundleError
+
+    def bad(what: str):
+        return BundleError(f"{where} is not a well-formed dataset result: {what}",
+                           "pass a file written by `workbench compare --inputs DIR --json` (unedited)")
+
+    samples = doc.get("samples", [])
+    if not isinstance(samples, list):
+        raise bad("'samples' is not a list")
+    for j, s in enumerate(samples):
+        if not isinstance(s, dict):
+            raise bad(f"samples[{j}] is not an object")
+        if isinstance(s.get("index"), bool) or not isinstance(s.get("index"), int):
+            raise bad(f"samples[{j}] has no whole-number index")
+        for key in ("task", "outputs", "first_divergent"):
+            if s.get(key) is not None and not isinstance(s[key], dict):
+                raise bad(f"samples[{j}].{key} is not an object")
+        if any(not isinstance(v, dict) for v in (s.get("outputs") or {}).values()):
+            raise bad(f"samples[{j}].outputs holds a non-object")
+    for key in ("task", "verdict"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise bad(f"'{key}' is not an object")
+    if any(not isinstance(v, dict) for v in (doc.get("task") or {}).values()):
+        raise bad("'task' holds a non-object")
+    return doc
 
 
 @dataclass
@@ -92,12 +121,14 @@ def _fmt(v: Any) -> str:
 
 def diff_datasets(before: Any, after: Any, labels: tuple[str, str] = ("before", "after")) -> DatasetDiff:
     """Compare two dataset results sample by sample (matched by index)."""
-    from ..errors import WorkbenchError
+    from ..report.safety import BundleError
 
     a, b = dataset_doc(before), dataset_doc(after)
     if a is None or b is None:
-        raise WorkbenchError("one side is a dataset comparison and the other is not",
-                             "diff two dataset results, or two single comparisons")
+        other = labels[0] if a is None else labels[1]
+        raise BundleError(f"{other} is not a dataset comparison (a single comparison, or not a workbench result) and "
+                          "the other side is", "diff two dataset results, or two single comparisons")
+    a, b = check_doc(a, labels[0]), check_doc(b, labels[1])
     ia = {s["index"] for s in a.get("samples", [])}
     ib = {s["index"] for s in b.get("samples", [])}
     return DatasetDiff(labels, a, b, changed_samples(a.get("samples", []), b.get("samples", [])),

@@ -35,27 +35,61 @@ class ExecutorSpec:
     kind: str = "serial"
     workers: int = 1
     address: str | None = None
+    requested: int | None = None  # the workers asked for, when more than this machine's cores (then capped)
 
     @classmethod
     def parse(cls, executor: str | None, workers: int | None) -> ExecutorSpec:
+        """The executor for ``executor`` and ``workers``. Workers on this machine (processes, a local Ray) are
+        capped at its usable cores: each runs engines on a core of its own, and more would only add memory."""
         n = 1 if workers is None else workers
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InputError(f"workers must be a whole number >= 1, not {workers!r}", "write e.g. --workers 2")
+        if executor is not None and not isinstance(executor, str):
+            raise InputError(f"executor must be text, not a {type(executor).__name__}",
+                             "use serial, processes, ray or ray://HOST:PORT")
         text = (executor or "").strip()
         if text in ("", "serial", "processes", "local"):
             if text == "serial" and n > 1:
                 raise InputError("--executor serial runs one worker", "drop --workers, or use --executor processes")
-            return cls("processes" if n > 1 or text in ("processes", "local") else "serial", n)
+            return cls("processes" if n > 1 or text in ("processes", "local") else "serial", n)._capped()
         if text == "ray":
-            return cls("ray", n)
+            return cls("ray", n)._capped()
         if text.startswith("ray://"):
             if len(text) <= len("ray://") or any(ch.isspace() for ch in text):
                 raise InputError(f"cannot read Ray address {text!r}", "write --executor ray://HOST:PORT")
             return cls("ray", n, text)
         raise InputError(f"unknown executor {text!r}", "use serial, processes, ray or ray://HOST:PORT")
 
+    def _capped(self) -> ExecutorSpec:
+        from dataclasses import replace
+
+        cores = usable_cores()
+        if self.kind == "serial" or self.workers <= cores:
+            return self
+        log.warning("%d workers asked for, %d cores here: running %d", self.workers, cores, cores)
+        return replace(self, workers=cores, requested=self.workers)
+
+    @property
+    def note(self) -> str | None:
+        """What a capped spec says in a result's notes."""
+        if self.requested is None:
+            return None
+        return (f"{self.requested} workers asked for, this machine has {self.workers} usable core(s): ran "
+                f"{self.workers} (more workers than cores only add memory)")
+
     def describe(self) -> dict:
-        return {"kind": self.kind, "workers": self.workers, "address": self.address}
+        out = {"kind": self.kind, "workers": self.workers, "address": self.address}
+        if self.requested is not None:
+            out["requested"] = self.requested
+        return out
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform says it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass
@@ -124,13 +158,15 @@ def _ordered(backend, job_handle, chunks: Iterator[Chunk], workers: int, steps: 
             if chunk is None:
                 exhausted = True
                 break
-            queue.append(_Pending(chunk, backend.submit(job_handle, chunk)))
+            queue.append(_Pending(chunk, _submit(backend, job_handle, chunk)))
         if not queue:
             return
         head = queue[0]
         while True:
             steps.check()
             try:
+                if head.handle is None:
+                    raise _WorkerDied("the worker pool broke before these started")
                 result = backend.result(head.handle, timeout=0.2)
             except TimeoutError:
                 continue
@@ -155,13 +191,24 @@ def _retry(backend, job_handle, queue: collections.deque[_Pending], died: _Worke
     log.warning(notes[-1])
     backend.restart()
     for p in queue:
-        if backend.lost(p.handle):
-            p.handle = backend.submit(job_handle, p.chunk)
+        if p.handle is None:  # never reached a worker: not an attempt
+            p.handle = _submit(backend, job_handle, p.chunk)
+        elif backend.lost(p.handle):
+            p.handle = _submit(backend, job_handle, p.chunk)
             p.attempts += 1
 
 
 class _WorkerDied(Exception):
     pass
+
+
+def _submit(backend, job_handle, chunk: Chunk):
+    """The chunk's handle, or None when the pool broke (a worker died) before it could take it: the chunk then
+    goes to the restarted pool with the others that worker's death lost."""
+    try:
+        return backend.submit(job_handle, chunk)
+    except _WorkerDied:
+        return None
 
 
 class _Processes:
@@ -181,8 +228,13 @@ class _Processes:
         return job
 
     def submit(self, job, chunk: Chunk):
-        with _bare_main():
-            return self.pool.submit(self.fn, job, chunk)
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            with _bare_main():
+                return self.pool.submit(self.fn, job, chunk)
+        except BrokenProcessPool as e:
+            raise _WorkerDied(str(e) or "the process pool broke") from None
 
     def result(self, future, timeout: float):
         from concurrent.futures import TimeoutError as FutureTimeout

@@ -16,6 +16,7 @@ function's ``lower_is_better`` attribute (a set of result names), as ``ctc_cer``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ class TaskMetric:
             got = self.fn(ref, cand)
         except InputError:
             raise
-        except Exception as e:  # noqa: BLE001 - user code: one line naming the metric
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - user code: one line naming the metric
             raise InputError(f"metric {self.spec!r} failed: {type(e).__name__}: {e}",
                              "check that the metric fits the model's outputs") from None
         if not isinstance(got, Mapping):
@@ -50,9 +51,13 @@ class TaskMetric:
         out = {}
         for k, v in got.items():
             try:
+                if isinstance(v, (str, bytes)):  # "0.5" parses, but text is not what a metric measures
+                    raise TypeError
                 out[str(k)] = float(v)
-            except (TypeError, ValueError):
-                raise InputError(f"metric {self.spec!r}: {k!r} is not a number ({v!r})", "return numbers") from None
+            except (TypeError, ValueError, OverflowError):
+                shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
+                raise InputError(f"metric {self.spec!r}: {k!r} is not a number ({shown})",
+                                 "return a dict {name: number} (NaN and +-inf are allowed)") from None
         return out
 
 
@@ -82,8 +87,12 @@ def _builtin(name: str, param: str, text: str) -> TaskMetric:
         return TaskMetric(text, lambda r, c: {f"top{k}": topk_overlap(_first(r), _first(c), k)})
     if name == "ctc":
         blank = _param(param, 0, int, text)
+        if blank < 0:
+            raise InputError(f"metric {text!r}: the blank class must be >= 0", "write ctc (blank 0) or ctc:N")
         return TaskMetric(text, lambda r, c: ctc_agreement(_first(r), _first(c), blank), {"ctc_cer"})
     threshold = _param(param, 0.3, float, text)
+    if not math.isfinite(threshold):  # every comparison with NaN is false: IoU 1 on any masks
+        raise InputError(f"metric {text!r}: the threshold must be a finite number", "write e.g. mask_iou:0.5")
     return TaskMetric(text, lambda r, c: {"mask_iou": mask_iou(_first(r), _first(c), threshold)})
 
 

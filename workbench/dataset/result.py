@@ -68,8 +68,8 @@ class DatasetResult:
         return self.diverged
 
     def worst(self) -> list[dict]:
-        """The ``worst_count`` worst samples: by the first task metric (worst value first), then by how far the
-        worst output is past the criterion."""
+        """The ``worst_count`` worst samples: by the first task metric (worst value first; NaN, a metric that
+        could not be measured, counts as worst), then by how far the worst output is past the criterion."""
         primary = next(iter(self.samples[0]["task"]), None) if self.samples else None
 
         def key(s: dict):
@@ -77,7 +77,7 @@ class DatasetResult:
             if primary is None:
                 return (0.0, -badness, s["index"])
             v = s["task"].get(primary, math.nan)
-            v = math.inf if math.isnan(v) else (-v if primary in self.lower_is_better else v)
+            v = -math.inf if math.isnan(v) else (-v if primary in self.lower_is_better else v)
             return (v, -badness, s["index"])
 
         return sorted(self.samples, key=key)[: self.worst_count]
@@ -208,20 +208,28 @@ class LayerStats:
         return out
 
 
-def task_summary(values: dict[str, list[float]], indices: list[int], lower_is_better: set[str]) -> dict[str, dict]:
-    """Per task metric: mean, min, max and the worst sample."""
+def task_summary(values: dict[str, list[float]], indices: dict[str, list[int]],
+                 lower_is_better: set[str]) -> dict[str, dict]:
+    """Per task metric: mean, min and max over the samples where it is a number, how many gave NaN, and the
+    worst sample (a NaN one first). ``indices[name]``: the sample of each value (a metric may skip samples)."""
     out = {}
     for name, vals in values.items():
         a = np.asarray(vals, dtype=np.float64)
         if a.size == 0:
             continue
-        worst_pos = int(np.nanargmax(a) if name in lower_is_better else np.nanargmin(a)) if not np.isnan(a).all() \
-            else 0
-        out[name] = {"mean": float(np.nanmean(a)) if not np.isnan(a).all() else math.nan,
-                     "min": float(np.nanmin(a)) if not np.isnan(a).all() else math.nan,
-                     "max": float(np.nanmax(a)) if not np.isnan(a).all() else math.nan,
-                     "worst": float(a[worst_pos]), "worst_index": indices[worst_pos],
-                     "lower_is_better": name in lower_is_better}
+        nan = np.isnan(a)
+        if nan.any():
+            worst_pos = int(np.argmax(nan))
+        else:
+            worst_pos = int(np.argmax(a) if name in lower_is_better else np.argmin(a))
+        ok = a[~nan]
+        with np.errstate(invalid="ignore"):  # inf and -inf average to NaN: said as such
+            mean = float(ok.mean()) if ok.size else math.nan
+        out[name] = {"mean": mean,
+                     "min": float(ok.min()) if ok.size else math.nan,
+                     "max": float(ok.max()) if ok.size else math.nan,
+                     "worst": float(a[worst_pos]), "worst_index": indices[name][worst_pos],
+                     "nan_samples": int(nan.sum()), "lower_is_better": name in lower_is_better}
     return out
 
 
