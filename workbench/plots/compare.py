@@ -25,6 +25,8 @@ SQNR_EXACT_DB = 200.0
 OK_COLOR, BAD_COLOR, FIRST_COLOR, REF_COLOR, CAND_COLOR = "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd"
 DIP_COLOR, FLOOR_COLOR, AT_FLOOR_COLOR, OUTPUT_COLOR, HARMLESS_COLOR = ("#ff9896", "#7f7f7f", "#17becf", "#222222",
                                                                        "#c7c7c7")
+#: from this many layers on, the curve gets a range slider to zoom with
+ZOOM_LAYERS = 500
 #: the floor band's fill: errors inside it are within FLOOR_MARGIN_DB of what holding the values costs
 FLOOR_FILL = "rgba(127,127,127,0.18)"
 
@@ -143,7 +145,7 @@ def _precision_text(result) -> str:
     return f" ({ref} vs {cand})" if ref and cand else ""
 
 
-def layer_error_curve(result, metric: str | None = None) -> go.Figure:
+def layer_error_curve(result, metric: str | None = None, label_worst: int = 3) -> go.Figure:
     """``metric`` per compared tensor over the reference's topological order, with:
 
     - the precision floor per format (the error of the reference merely held in the candidate's FP16/BF16/INT8
@@ -152,6 +154,8 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
     - diverged tensors (red rings), internal dips when the outputs pass (pink rings), tensors at their floor
       (cyan diamonds), graph outputs (black squares), inf/NaN mismatches (x), and the first divergent tensor
       (star) only when the run diverged;
+    - layer names written on the curve: the first divergent layer and the ``label_worst`` worst others;
+    - from :data:`ZOOM_LAYERS` layers on, a range slider under the axis (a zoom is kept across redraws);
     - inf/NaN metric values drawn at a cap just past the worst finite value (hover says so), never as gaps.
     """
     m = _metric(result, metric)
@@ -219,6 +223,7 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
                                  customdata=[custom[i]], hovertemplate=hover))
         fig.add_annotation(x=x[i], y=math.log10(y[i]) if log and y[i] else (y[i] if y[i] is not None else 0),
                            text=f"first divergent: {esc(first.node)}", showarrow=True, arrowhead=2, ax=40, ay=-40)
+    _label_worst(fig, tensors, m, x, y, log, skip=first.tensor if first is not None else None, count=label_worst)
     notes = []
     if any(capped):
         notes.append(f"inf/NaN values drawn at {_label(cap, m)}")
@@ -233,7 +238,43 @@ def layer_error_curve(result, metric: str | None = None) -> go.Figure:
                       hovermode="closest", template="plotly_white", legend={"orientation": "h", "y": -0.2})
     if log:
         fig.update_yaxes(type="log")
+    fig.update_layout(uirevision="layer-error-curve")  # a zoom survives redraws of the selection ring
+    if len(tensors) >= ZOOM_LAYERS:  # too many layers to read at once: a range slider under the axis
+        fig.update_xaxes(rangeslider={"visible": True, "thickness": 0.08})
+        fig.update_layout(legend={"orientation": "h", "y": -0.35})
     return fit_title(fig)
+
+
+def _badness(t, m: str) -> float:
+    """How bad a tensor's ``m`` is, larger worse (inf/NaN mismatches worst of all); -inf for an exact match."""
+    if (t.metrics.get("nonfinite_mismatch") or 0) > 0:
+        return math.inf
+    v = _value(t.metrics.get(m))
+    if v is None:
+        return -math.inf
+    if math.isnan(v):
+        return math.inf
+    return -v if m in HIGHER_IS_BETTER else v
+
+
+def _label_worst(fig: go.Figure, tensors: list, m: str, x: list, y: list, log: bool, skip: str | None,
+                 count: int) -> None:
+    """Name the worst ``count`` layers on the curve (the first divergent one, ``skip``, is named already)."""
+    if count <= 0:
+        return
+    index = {t.tensor: i for i, t in enumerate(tensors)}
+    ranked = sorted((t for t in tensors if _badness(t, m) > -math.inf), key=lambda t: (-_badness(t, m), t.topo_index))
+    shown = 0
+    for t in ranked:
+        if shown >= count:
+            break
+        i = index[t.tensor]
+        if t.tensor == skip or y[i] is None or (m == "sqnr_db" and y[i] == SQNR_EXACT_DB):
+            continue
+        shown += 1
+        fig.add_annotation(x=x[i], y=math.log10(y[i]) if log and y[i] > 0 else y[i],
+                           text=esc(f"worst #{shown}: {short_label(t.node, 32)}"), name="worst layer",
+                           showarrow=True, arrowhead=1, ax=-20 - 12 * shown, ay=20 + 16 * shown, font={"size": 10})
 
 
 def _add_floor_band(fig: go.Figure, tensors: list, m: str, x: list, custom: list, log: bool) -> None:
@@ -478,4 +519,95 @@ def channel_error_heatmap(ref: np.ndarray, cand: np.ndarray, axis: int = 1, max_
     fig.update_layout(title=esc(f"{name + ': ' if name else ''}mean |error| per channel (axis {axis}) and position"),
                       xaxis_title=f"position (other axes flattened, {cols} groups)", yaxis_title="channel",
                       template="plotly_white")
+    return fit_title(fig)
+
+
+def image_channels(shape: tuple) -> int | None:
+    """How many channels a tensor of ``shape`` has when it is image-like (NCHW, CHW or HW with both spatial
+    dimensions above 1), else None."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) == 4 and shape[2] > 1 and shape[3] > 1:
+        return shape[1]
+    if len(shape) == 3 and shape[1] > 1 and shape[2] > 1:
+        return shape[0]
+    if len(shape) == 2 and shape[0] > 1 and shape[1] > 1:
+        return 1
+    return None
+
+
+def _plane(a: np.ndarray, channel: int, batch: int) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim == 4:
+        return a[min(batch, a.shape[0] - 1), channel % a.shape[1]]
+    if a.ndim == 3:
+        return a[channel % a.shape[0]]
+    return a
+
+
+def _thin(a: np.ndarray, max_side: int) -> np.ndarray:
+    """Every k-th row/column so no side exceeds ``max_side`` (a figure holds at most max_side**2 cells)."""
+    steps = [max(1, -(-n // max_side)) for n in a.shape]
+    return a[tuple(slice(None, None, k) for k in steps)]
+
+
+def _cells(a: np.ndarray) -> list:
+    """A 2-D array as JSON-safe rows (inf/NaN become None gaps)."""
+    a = np.asarray(a, dtype=np.float64)
+    return np.where(np.isfinite(a), a, None).tolist()
+
+
+def tensor_side_by_side(ref: np.ndarray, cand: np.ndarray, name: str = "", *, channel: int = 0, batch: int = 0,
+                        max_side: int = 256, max_points: int = 4000) -> go.Figure:
+    """The reference, the candidate and their difference (candidate - reference) side by side. An image-like
+    tensor (see :func:`image_channels`) shows one ``channel`` (of batch item ``batch``) as three images, the
+    reference and candidate on one colour scale, the difference on a diverging one; any other tensor shows its
+    flattened values (every k-th element, at most ``max_points``)."""
+    from plotly.subplots import make_subplots
+
+    r = np.asarray(ref, dtype=np.float64)
+    c = np.asarray(cand, dtype=np.float64)
+    same = r.shape == c.shape
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("reference", "candidate", "difference (cand - ref)"),
+                        horizontal_spacing=0.1)
+    channels = image_channels(r.shape) if same else None
+    label = f"{name}: " if name else ""
+    if channels is not None:
+        channel = int(channel) % channels
+        rp, cp = _thin(_plane(r, channel, batch), max_side), _thin(_plane(c, channel, batch), max_side)
+        with np.errstate(invalid="ignore", over="ignore"):
+            dp = cp - rp
+        both = np.concatenate([rp[np.isfinite(rp)], cp[np.isfinite(cp)]])
+        lo, hi = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
+        finite_d = np.abs(dp[np.isfinite(dp)])
+        span = float(finite_d.max()) if finite_d.size and finite_d.max() > 0 else 1.0
+        hover = "row %{y}, column %{x}<br>%{z:.5g}<extra></extra>"
+        fig.add_trace(go.Heatmap(z=_cells(rp), zmin=lo, zmax=hi, colorscale="Viridis", showscale=False,
+                                 name="reference", hovertemplate=hover), row=1, col=1)
+        fig.add_trace(go.Heatmap(z=_cells(cp), zmin=lo, zmax=hi, colorscale="Viridis", name="candidate",
+                                 colorbar={"x": 0.645, "len": 0.9, "thickness": 10}, hovertemplate=hover), row=1, col=2)
+        fig.add_trace(go.Heatmap(z=_cells(dp), zmin=-span, zmax=span, colorscale="RdBu", reversescale=True,
+                                 name="difference", colorbar={"x": 1.0, "len": 0.9, "thickness": 10},
+                                 hovertemplate=hover), row=1, col=3)
+        for col in (1, 2, 3):
+            fig.update_yaxes(autorange="reversed", scaleanchor=f"x{'' if col == 1 else col}", row=1, col=col)
+        full = _plane(r, channel, batch).shape
+        thinned = "" if rp.shape == full else f", shown {rp.shape[0]}x{rp.shape[1]} of {full[0]}x{full[1]}"
+        title = f"{label}channel {channel} of {channels}" + (f", batch item {batch}" if r.ndim == 4 else "") + thinned
+    else:
+        rf, cf = r.ravel(), c.ravel()
+        n = min(rf.size, cf.size)
+        step = max(1, -(-n // max_points))
+        idx = np.arange(0, n, step)
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = cf[idx] - rf[idx]
+        for col, (vals, color, what) in enumerate(((rf[idx], REF_COLOR, "reference"), (cf[idx], CAND_COLOR,
+                                                                                        "candidate"),
+                                                   (d, BAD_COLOR, "difference")), 1):
+            fig.add_trace(go.Scatter(x=idx.tolist(), y=np.where(np.isfinite(vals), vals, None).tolist(),
+                                     mode="lines", name=what, line={"color": color, "width": 1},
+                                     hovertemplate="element %{x}<br>%{y:.5g}<extra></extra>"), row=1, col=col)
+            fig.update_xaxes(title_text="element (flattened)", row=1, col=col)
+        shapes = f"shape {list(r.shape)}" if same else f"shapes differ: {list(r.shape)} vs {list(c.shape)}"
+        title = f"{label}values, {shapes}" + (f", every {step}th element" if step > 1 else "")
+    fig.update_layout(title=esc(title), template="plotly_white", showlegend=False, height=360)
     return fit_title(fig)

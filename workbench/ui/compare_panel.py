@@ -3,7 +3,9 @@ progress bar and Cancel; show the verdict (output-led: ok, or DIVERGED with the 
 was inferred to compute in, internal dips, where the runs part ways (first divergent tensor) and why (culprits,
 harmful first, with what fixing each gains on the outputs). Warns when a node ran on another execution provider
 than the one asked for, on evidence only (the Engine tab's engine graph, the engines' recorded descriptions: see
-:mod:`workbench.ui.fallbacks`)."""
+:mod:`workbench.ui.fallbacks`). Exports the result (JSON, the HTML report, a rerunnable bundle) with download
+links, to a temporary folder unless a path is typed; keeps a run history and diffs any two runs
+(:func:`workbench.report.diff.diff_results`)."""
 
 from __future__ import annotations
 
@@ -72,11 +74,30 @@ class ComparePanel(widgets.VBox):
         self.save_button = widgets.Button(description="Save result JSON", icon="save", disabled=True)
         self.save_button.on_click(lambda _: self.save())
         self.save_note = widgets.HTML()
+        # exports: the HTML report and a rerunnable bundle (zip), each with a download link
+        self.export_dir = widgets.Text(placeholder="folder for the report and bundle (default: a temporary folder)",
+                                       layout=widgets.Layout(width="420px"))
+        self.report_button = widgets.Button(description="HTML report", icon="file-code-o", disabled=True,
+                                            tooltip="write the self-contained HTML report and offer it as a download")
+        self.bundle_button = widgets.Button(description="Bundle", icon="archive", disabled=True,
+                                            tooltip="write a rerunnable bundle (.zip: model, feeds, result)")
+        self.report_button.on_click(lambda _: self.export_report())
+        self.bundle_button.on_click(lambda _: self.export_bundle())
+        self.export_note = widgets.HTML()
+        # run history: every finished comparison; pick two to see what changed
+        self.history_a = widgets.Dropdown(options=[], description="run A", layout=widgets.Layout(width="560px"))
+        self.history_b = widgets.Dropdown(options=[], description="run B", layout=widgets.Layout(width="560px"))
+        self.diff_button = widgets.Button(description="Compare runs", icon="exchange", disabled=True,
+                                          tooltip="what changed from run A to run B")
+        self.diff_button.on_click(lambda _: self.diff_runs())
+        self.history_note = widgets.HTML()
+        self.diff_out = widgets.HTML()
         self.pair.observe(self._on_engine)
         self.metric.observe(self._on_metric, "value")
         self.state.observe(lambda ch: self.show_result(ch["new"]), "result")
         self.state.observe(lambda _: self._on_engine(), "model")
         self.state.observe(lambda _: self.show_fallbacks(), "engine_graph")
+        self.state.observe(lambda _: self.show_history(), "history")
         pickers = widgets.VBox([
             widgets.HBox([self.ref_engine, self.ref_variant]), widgets.HBox([self.cand_engine, self.cand_variant]),
             self.engine_note, self.precision])
@@ -84,14 +105,18 @@ class ComparePanel(widgets.VBox):
             style_tag(), heading("Engines and precisions"), pickers, heading("Inputs"), self.inputs,
             heading("Divergence criterion"), widgets.HBox([self.metric, self.threshold]), self.tolerance_note,
             self.mode, widgets.HBox([self.run_button]), self.jobs, heading("Results"), self.stale_note, self.summary,
-            self.provider_note, self.culprit_rows, self.tensors, widgets.HBox([self.save_path, self.save_button]),
-            self.save_note,
+            self.provider_note, self.culprit_rows, self.tensors, heading("Export"),
+            widgets.HBox([self.save_path, self.save_button]), self.save_note,
+            widgets.HBox([self.export_dir, self.report_button, self.bundle_button]), self.export_note,
+            heading("Run history"), self.history_note, self.history_a, self.history_b,
+            widgets.HBox([self.diff_button]), self.diff_out,
         ])
         self.add_class("wb-root")
         self._on_engine()
         self._on_metric()
         if self.state.result is not None:
             self.show_result(self.state.result)
+        self.show_history()
 
     @property
     def reference(self) -> str:
@@ -259,14 +284,15 @@ class ComparePanel(widgets.VBox):
         """Verdict, precisions, outputs, internal dips, culprits (each a button that selects it everywhere) and
         the per-tensor table."""
         self.save_note.value = ""
+        self.export_note.value = ""
         self._mark_stale()
         self.show_fallbacks()
         if result is None:
             self.summary.value, self.tensors.value = "", ""
             self.culprit_rows.children = ()
-            self.save_button.disabled = True
+            self.save_button.disabled = self.report_button.disabled = self.bundle_button.disabled = True
             return
-        self.save_button.disabled = False
+        self.save_button.disabled = self.report_button.disabled = self.bundle_button.disabled = False
         if self.metric.value == AUTO_METRIC:  # what "auto" became for this run's inferred precisions
             self.threshold.value = result.criterion.threshold
             self.tolerance_note.value = message_html(f"this run: diverged when {result.criterion.describe()} "
@@ -318,6 +344,122 @@ class ComparePanel(widgets.VBox):
             return None
         self.save_note.value = message_html(f"saved {written}", "ok") + link
         return written
+
+    # --- exports ---------------------------------------------------------------------------------------------
+    def _export_folder(self):
+        """The typed folder (relative: under the output folder), else the output folder (a temporary one)."""
+        return self.state.resolve_output(self.export_dir.value, ".").resolve()
+
+    def export_report(self):
+        """Write the HTML report of the current result (on a worker thread) and offer it as a download link;
+        returns the job's thread (None if nothing started)."""
+        from ..report.html import write_report
+
+        result = self.state.result
+        if result is None:
+            return None
+        try:
+            folder = self._export_folder()
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.export_note.value = error_html(e, "the HTML report")
+            return None
+        inspection = self.state.inspection
+        self.export_note.value = message_html("writing the HTML report...", "info")
+
+        def work(progress, _cancel):
+            progress(0.2, "writing the HTML report")
+            return write_report(result, folder / f"report-{_stamp(result)}.html", inspection)
+
+        return self.jobs.start("HTML report", work, lambda path: self._offer(path, "the HTML report"),
+                               lambda e: self._export_failed(e, "the HTML report"))
+
+    def export_bundle(self):
+        """Write a rerunnable bundle (.zip) of the current result (on a worker thread) and offer it as a download
+        link; returns the job's thread (None if nothing started)."""
+        from ..report.bundle import save_bundle
+
+        result = self.state.result
+        if result is None:
+            return None
+        try:
+            folder = self._export_folder()
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.export_note.value = error_html(e, "the bundle")
+            return None
+        model = self.state.model
+        self.export_note.value = message_html("writing the bundle...", "info")
+
+        def work(progress, _cancel):
+            progress(0.2, "writing the bundle")
+            opts = result.run_options or {}
+            source = None if opts.get("model") is not None or result.model.get("path") else \
+                getattr(model, "path", None)
+            return save_bundle(result, source, dest=folder / f"bundle-{_stamp(result)}", zip=True, overwrite=True)
+
+        return self.jobs.start("bundle", work, lambda path: self._offer(path, "the bundle"),
+                               lambda e: self._export_failed(e, "the bundle"))
+
+    def _offer(self, path, what: str) -> None:
+        try:
+            link = download_html(path, f"Download {what}", show_path=False)
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self._export_failed(e, what)
+            return
+        self.export_note.value = message_html(f"wrote {what}: {path}", "ok") + link
+
+    def _export_failed(self, e: BaseException, what: str) -> None:
+        self.export_note.value = error_html(e, f"writing {what}")
+
+    # --- run history -----------------------------------------------------------------------------------------
+    def show_history(self) -> None:
+        """The run pickers list every finished comparison (newest last); A and B default to the last two."""
+        runs = list(self.state.history)
+        options = [(f"#{k} {_run_label(r)}", k - 1) for k, r in enumerate(runs, 1)]
+        self.history_a.options = options
+        self.history_b.options = options
+        if options:
+            self.history_a.value = max(0, len(runs) - 2)
+            self.history_b.value = len(runs) - 1
+        self.diff_button.disabled = len(runs) < 2
+        self.history_note.value = message_html(
+            f"{len(runs)} finished comparison(s) this session" + ("; run another to compare two" if len(runs) < 2
+                                                                   else "; pick two to see what changed"), "info")
+
+    def diff_runs(self):
+        """What changed from run A to run B (:func:`workbench.report.diff.diff_results`), shown in the panel;
+        returns the diff (None if it could not be made)."""
+        from ..report.diff import diff_results
+
+        runs = list(self.state.history)
+        a, b = self.history_a.value, self.history_b.value
+        if a is None or b is None or len(runs) < 2:
+            self.diff_out.value = message_html("run at least two comparisons first", "warn")
+            return None
+        try:
+            diff = diff_results(runs[a], runs[b], labels=(f"run #{a + 1}", f"run #{b + 1}"))
+            text = diff.render()
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.diff_out.value = error_html(e, "comparing the two runs")
+            return None
+        said = "the same conclusion" if diff.same_conclusion else "a different conclusion"
+        self.diff_out.value = (message_html(f"run #{a + 1} against run #{b + 1}: {said}", "info")
+                               + '<pre class="wb-diff" style="white-space: pre-wrap; overflow-x: auto; '
+                               f'color: var(--jp-content-font-color1)">{html.escape(text)}</pre>')
+        return diff
+
+
+def _stamp(result: Any) -> str:
+    """A file-name stamp for an export of ``result``: its candidate and a time."""
+    import re
+    import time
+
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(result.candidate)) + time.strftime("-%H%M%S")
+
+
+def _run_label(result: Any) -> str:
+    name = (result.model or {}).get("name") or ""
+    verdict = "DIVERGED" if result.diverged else "ok"
+    return f"{result.candidate} vs {result.reference}" + (f" on {name}" if name else "") + f": {verdict}"
 
 
 def _precision_html(precision: dict, what: str) -> str:

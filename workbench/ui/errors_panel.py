@@ -1,10 +1,14 @@
 """Errors panel: the per-layer error curve (precision floor band, tolerance line, graph outputs, at-floor tensors
 and, for a diverged run, the first divergent layer marked); click a layer to see its error next to its floor, its
-reference/candidate value histograms, the error histogram, a sampled scatter and a per-channel heat map."""
+reference/candidate value histograms, the error histogram, a sampled scatter, a per-channel heat map and the
+reference / candidate / difference side by side (image-like tensors as images, one channel at a time). The layers'
+values can be sent to a notebook variable (IPython's ``user_ns``). The curve names the first divergent and the worst
+layers; zoom buttons (and, for 500+ layers, a range slider) narrow it without losing the selection."""
 
 from __future__ import annotations
 
 import html
+import keyword
 import logging
 import threading
 from typing import Any
@@ -21,6 +25,8 @@ from .style import heading, style_tag
 log = logging.getLogger(__name__)
 
 SELECTED_TRACE = "selected layer"
+#: how many layers a zoom to the selected (or first divergent) layer shows
+ZOOM_SPAN = 60
 
 
 class ErrorsPanel(widgets.VBox):
@@ -54,6 +60,37 @@ class ErrorsPanel(widgets.VBox):
         self.values_plot = widgets.Output()
         self.scatter_plot = widgets.Output(layout=widgets.Layout(width="50%"))
         self.channel_plot = widgets.Output(layout=widgets.Layout(width="50%"))
+        # side by side: reference / candidate / difference of the selected tensor (a channel at a time for images)
+        self.view_channel = widgets.BoundedIntText(value=0, min=0, max=0, description="image channel",
+                                                   style={"description_width": "initial"},
+                                                   layout=widgets.Layout(width="200px", display="none"))
+        self.view_note = widgets.HTML()
+        self.views_plot = widgets.Output()
+        self._values: tuple | None = None  # (node, tensor, reference, candidate) of the layer shown, kernel thread
+        # zoom: the whole curve, around the selected layer, around the first divergent one (the selection stays)
+        self.zoom_all = widgets.Button(description="all layers", icon="arrows-alt-h",
+                                       tooltip="show every layer", layout=widgets.Layout(width="auto"))
+        self.zoom_selected = widgets.Button(description="zoom to selected", icon="search-plus",
+                                            tooltip=f"show the {ZOOM_SPAN} layers around the selected one",
+                                            layout=widgets.Layout(width="auto"))
+        self.zoom_first = widgets.Button(description="zoom to first divergent", icon="search-plus",
+                                         tooltip=f"show the {ZOOM_SPAN} layers around the first divergent one",
+                                         layout=widgets.Layout(width="auto"))
+        self.zoom_all.on_click(lambda _: self.zoom("all"))
+        self.zoom_selected.on_click(lambda _: self.zoom("selected"))
+        self.zoom_first.on_click(lambda _: self.zoom("first"))
+        self.zoom_note = widgets.HTML()
+        self.zoom_bar = widgets.HBox([widgets.HTML("<span class='wb-muted'>zoom:</span>"), self.zoom_all,
+                                      self.zoom_selected, self.zoom_first, self.zoom_note])
+        # send the selected layer's arrays to the user's notebook namespace
+        self.var_name = widgets.Text(value="layer_values", description="variable",
+                                     layout=widgets.Layout(width="260px"))
+        self.send_button = widgets.Button(description="Send arrays to notebook variable", icon="share",
+                                          disabled=True, layout=widgets.Layout(width="auto"))
+        self.send_button.on_click(lambda _: self.send_arrays())
+        self.send_note = widgets.HTML(message_html(
+            "puts {'reference': array, 'candidate': array} of the selected layer (for the feed above) into your "
+            "notebook's namespace (IPython's user_ns) under the name typed", "info"))
         # the layer-values probe (engines ready for one result): built on the job's worker, kept for the result
         # it serves (checked by identity); read, set and dropped only under the lock, never held while building
         self._probe = None
@@ -63,12 +100,15 @@ class ErrorsPanel(widgets.VBox):
         self.metric.observe(lambda _: self._draw_curve(), "value")
         for w in (self.feed, self.axis):
             w.observe(lambda _: self._show_detail(self.state.selected), "value")
+        self.view_channel.observe(lambda _: self._draw_views(), "value")
         self.state.observe(lambda _: self.refresh(), "result")
         self.state.observe(lambda ch: self._show_detail(ch["new"]), "selected")
         super().__init__([
-            style_tag(), widgets.HBox([self.metric, self.feed, self.axis]), self.message, self.curve_box,
-            self.more, heading("Selected layer"), self.detail_title, self.jobs, self.values_plot,
+            style_tag(), widgets.HBox([self.metric, self.feed, self.axis]), self.message, self.zoom_bar,
+            self.curve_box, self.more, heading("Selected layer"), self.detail_title, self.jobs, self.values_plot,
             widgets.HBox([self.scatter_plot, self.channel_plot]),
+            heading("Reference / candidate / difference"), self.view_channel, self.view_note, self.views_plot,
+            widgets.HBox([self.var_name, self.send_button]), self.send_note,
         ])
         self.add_class("wb-root")
         self.refresh()
@@ -89,6 +129,7 @@ class ErrorsPanel(widgets.VBox):
         if result is None:
             self.message.value = message_html("no comparison yet: run one in the Compare panel", "info")
             self.curve_box.children = ()
+            self._set_values(None)
             return
         verdict = result.verdict()
         dips = len(verdict["internal_dips"])
@@ -182,10 +223,12 @@ class ErrorsPanel(widgets.VBox):
                 f"{node} was not compared (no paired output)" if node else "no layer selected", "info")
             for out in (self.values_plot, self.scatter_plot, self.channel_plot):
                 clear(out)
+            self._set_values(None)
             return
         result = self.state.result
         self.detail_title.value = layer_html(result, tensor, self.metric.value or result.criterion.metric)
         feed, axis, model = int(self.feed.value), int(self.axis.value), self.state.model
+        self._set_values(None)  # the arrays shown (and sent) are this layer's, for this feed, once computed
 
         def work(progress, cancel):
             from ..inspect_tensor import probe_for
@@ -203,18 +246,107 @@ class ErrorsPanel(widgets.VBox):
             progress(0.8, "drawing")
             return (value_histograms(ref, cand, tensor.tensor),
                     ref_vs_cand_scatter(ref, cand, name=tensor.tensor),
-                    channel_error_heatmap(ref, cand, axis=axis if ref.ndim > 1 else 0, name=tensor.tensor))
+                    channel_error_heatmap(ref, cand, axis=axis if ref.ndim > 1 else 0, name=tensor.tensor),
+                    (ref, cand))
 
         def done(figures):
             if self.state.selected != node or self.state.result is not result:
                 return  # the user moved on while this ran
-            for out, fig in zip((self.values_plot, self.scatter_plot, self.channel_plot), figures):
+            for out, fig in zip((self.values_plot, self.scatter_plot, self.channel_plot), figures[:3]):
                 show_figure(out, fig)
+            self._set_values((node, tensor.tensor, *figures[3]))
 
         self.jobs.start("layer values", work, done, replace=True)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.jobs.wait(timeout)
+
+    # --- side by side ----------------------------------------------------------------------------------------
+    def _set_values(self, values: tuple | None) -> None:
+        """Keep the selected layer's (node, tensor, reference, candidate) and draw them side by side."""
+        from ..plots.compare import image_channels
+
+        self._values = values
+        self.send_button.disabled = values is None
+        if values is None:
+            clear(self.views_plot)
+            self.view_note.value = ""
+            self.view_channel.layout.display = "none"
+            return
+        _, name, ref, cand = values
+        channels = image_channels(getattr(ref, "shape", ()))
+        with self.view_channel.hold_trait_notifications():
+            self.view_channel.max = max(0, (channels or 1) - 1)
+            self.view_channel.value = min(self.view_channel.value, self.view_channel.max)
+        self.view_channel.layout.display = "" if channels and channels > 1 else "none"
+        self.view_note.value = message_html(
+            f"{name} {list(ref.shape)}: image-like, shown as images" + (f" (pick one of {channels} channels)"
+                                                                          if channels > 1 else "")
+            if channels else f"{name} {list(ref.shape)}: values in order (not image-like)", "info")
+        self._draw_views()
+
+    def _draw_views(self) -> None:
+        from ..plots.compare import tensor_side_by_side
+
+        if self._values is None:
+            return
+        _, name, ref, cand = self._values
+        try:
+            show_figure(self.views_plot, tensor_side_by_side(ref, cand, name, channel=int(self.view_channel.value)))
+        except Exception as e:  # noqa: BLE001 - shown in the panel
+            self.view_note.value = error_html(e, "drawing the side-by-side view")
+
+    # --- send to a notebook variable -------------------------------------------------------------------------
+    def send_arrays(self, name: str | None = None, namespace: dict | None = None) -> str | None:
+        """Put ``{'reference': array, 'candidate': array}`` of the layer shown into ``namespace`` (default: the
+        notebook's, IPython's ``user_ns``) as ``name`` (default: the name typed); returns the name (None if not)."""
+        name = (self.var_name.value if name is None else name).strip()
+        if self._values is None:
+            self.send_note.value = message_html("select a layer first (its values are computed on a click)", "warn")
+            return None
+        if not name.isidentifier() or keyword.iskeyword(name):
+            self.send_note.value = message_html(f"{name!r} is not a Python variable name", "error")
+            return None
+        if namespace is None:
+            try:
+                from IPython import get_ipython
+            except ImportError:  # pragma: no cover - IPython comes with ipywidgets
+                get_ipython = None  # noqa: N806
+            shell = get_ipython() if get_ipython is not None else None
+            if shell is None:
+                self.send_note.value = message_html("no notebook (IPython) namespace here to send to", "error")
+                return None
+            namespace = shell.user_ns
+        node, tensor, ref, cand = self._values
+        namespace[name] = {"reference": ref, "candidate": cand}
+        self.send_note.value = message_html(
+            f"{name} = {{'reference': array, 'candidate': array}} of {tensor} (layer {node}, feed "
+            f"{int(self.feed.value)}, shape {list(ref.shape)}) is in your notebook's namespace (IPython user_ns)",
+            "ok")
+        return name
+
+    # --- zoom ------------------------------------------------------------------------------------------------
+    def zoom(self, where: str = "all") -> tuple | None:
+        """Narrow the curve to the ``ZOOM_SPAN`` layers around the selected ("selected") or the first divergent
+        ("first") layer, or show them all ("all"); the selection is kept. Returns the x range set (None: all)."""
+        if self.curve is None:
+            return None
+        result = self.state.result
+        self.zoom_note.value = ""
+        if where == "all":
+            self.curve.layout.xaxis.autorange = True
+            return None
+        tensor = self._tensor_of(self.state.selected) if where == "selected" else \
+            (result.first_divergent if result is not None else None)
+        if tensor is None:
+            self.zoom_note.value = message_html("no selected layer to zoom to" if where == "selected" else
+                                                "no first divergent layer (the run did not diverge)", "warn")
+            return None
+        self.zoom_note.value = ""
+        x = tensor.topo_index
+        span = (x - ZOOM_SPAN / 2, x + ZOOM_SPAN / 2)
+        self.curve.layout.xaxis.range = span
+        return span
 
 
 def layer_html(result: Any, tensor: Any, metric: str) -> str:

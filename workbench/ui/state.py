@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from traitlets import Any as AnyTrait
-from traitlets import HasTraits, Unicode
+from traitlets import HasTraits, Unicode, observe
 
 from ..errors import WorkbenchError
 from ..inspection import inspect_model
 from ..model.load import load_model
 
 log = logging.getLogger(__name__)
+
+#: how many finished comparisons the run history keeps
+HISTORY_SIZE = 10
 
 
 class WorkbenchState(HasTraits):
@@ -37,6 +40,8 @@ class WorkbenchState(HasTraits):
     show = Unicode("")
     output_dir = Unicode("")
     input_shapes = Unicode("")
+    #: the finished comparisons of this session, oldest first (at most HISTORY_SIZE): pick two to diff them
+    history = AnyTrait((), allow_none=False)
 
     @classmethod
     def of(cls, source: Any = None, *, state: WorkbenchState | None = None, **load_kwargs: Any) -> WorkbenchState:
@@ -64,6 +69,16 @@ class WorkbenchState(HasTraits):
         self.selected = ""
         self.input_shapes = shapes_template(model)
         self.model = model
+
+    @observe("result")
+    def _on_result(self, change: dict) -> None:
+        self.remember(change["new"])
+
+    def remember(self, result: Any) -> None:
+        """Add a finished comparison to :attr:`history` (the oldest dropped past HISTORY_SIZE)."""
+        if result is None or any(r is result for r in self.history):
+            return
+        self.history = (*self.history, result)[-HISTORY_SIZE:]
 
     def request_show(self, panel: str) -> None:
         """Ask the enclosing Workbench to bring ``panel`` ("errors", "graph", ...) forward."""
