@@ -367,7 +367,8 @@ def test_ctrl_c_during_a_workers_run_exits_130_and_leaves_no_process(tmp_path):
     out = tmp_path / "o.json"
     p = subprocess.Popen([sys.executable, "-m", "workbench", "compare", str(model), "--inputs", str(files),
                           "--preprocess", f"{tmp_path / 'slow.py'}:prep", "--workers", "2", "--json", str(out)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored, as in a shell
     proc = psutil.Process(p.pid)
     deadline = time.time() + 60
     while time.time() < deadline and len([c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())]) < 2:
@@ -568,3 +569,29 @@ def test_diff_of_malformed_or_mismatched_dataset_results_is_one_line(made, tmp_p
     assert rc == 2 and "x.py is not a dataset comparison" in err
     rc, out = main(["diff", str(good), str(made / "b"), "--json", "-"]), capsys.readouterr().out
     assert rc == 0 and json.loads(out)["kind"] == "dataset"
+
+
+@pytest.mark.parametrize("job", ["calibrate", "repair"])
+def test_cancel_ends_calibrate_and_repair_while_a_preprocess_blocks(tmp_path, job):
+    """A preprocessing function stuck on one sample: Cancel still ends calibrate and repair within seconds."""
+    from workbench.calibrate.api import calibrate
+    from workbench.repair import repair
+
+    model = _model(tmp_path / "m.onnx")
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(3):
+        (files / f"{i}.txt").write_text(str(i))
+    (tmp_path / "stuck.py").write_text("import time\nimport numpy as np\ndef prep(path):\n"
+                                       "    if path.endswith('1.txt'):\n        time.sleep(600)\n"
+                                       "    return np.zeros((1, 4, 8), np.float32)\n")
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        if job == "calibrate":
+            calibrate(model, files, preprocess=f"{tmp_path / 'stuck.py'}:prep", cancel=cancel)
+        else:
+            repair(model, "ort", "ref:fp16", feeds=files, preprocess=f"{tmp_path / 'stuck.py'}:prep", cancel=cancel,
+                   out=tmp_path / "fixed.onnx")
+    assert time.monotonic() - t0 < 15

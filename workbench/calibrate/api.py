@@ -77,8 +77,8 @@ def calibrate(
     budget = parse_size(memory_budget)
     loaded = load_model(model)
     shapes = _shapes(input_shapes)
-    feeds = resolve_feeds(loaded, data, seed, shapes, "data", preprocess)
-    eval_feeds = resolve_feeds(loaded, eval_data, seed + 1, shapes, "eval_data", preprocess) \
+    feeds = resolve_feeds(loaded, data, seed, shapes, "data", preprocess, cancel)
+    eval_feeds = resolve_feeds(loaded, eval_data, seed + 1, shapes, "eval_data", preprocess, cancel) \
         if eval_data is not None else None
     tensors = activation_tensors(loaded)
     if not tensors:
@@ -195,8 +195,10 @@ def chosen_note(summary: dict[str, dict], chosen: str) -> str | None:
 
 
 def resolve_feeds(loaded, data: Any, seed: int, shapes: dict | None, what: str,
-                  preprocess: str | Callable | None = None) -> list[dict[str, np.ndarray]] | FeedStream:
-    """Checked feeds from ``data`` (see :func:`calibrate`): a list, or a :class:`FeedStream` for datasets."""
+                  preprocess: str | Callable | None = None,
+                  cancel: threading.Event | None = None) -> list[dict[str, np.ndarray]] | FeedStream:
+    """Checked feeds from ``data`` (see :func:`calibrate`): a list, or a :class:`FeedStream` for datasets (whose
+    passes ``cancel`` ends even while a sample's preprocessing blocks)."""
     from ..inputs import random_feeds
 
     if isinstance(data, bool) or data is None:
@@ -208,7 +210,7 @@ def resolve_feeds(loaded, data: Any, seed: int, shapes: dict | None, what: str,
             raise CalibrationError(f"preprocess applies to a dataset, not to {data} random feeds",
                                    "pass a folder of images (or an iterable) as data, or drop preprocess")
         return random_feeds(loaded.proto, seed=seed, count=int(data), shapes=shapes)
-    return as_feeds(loaded, data, preprocess=preprocess, what=what)
+    return as_feeds(loaded, data, preprocess=preprocess, what=what, cancel=cancel)
 
 
 def _provenance(stream: FeedStream) -> dict:

@@ -158,9 +158,8 @@ def _number(value) -> float:
 _CACHE: dict[str, Evaluator] = {}
 
 
-def evaluate_chunk(job: Job, chunk: list[tuple[int, dict]]) -> list[SampleRecord]:
-    """Evaluate ``chunk`` ((index, feed) pairs) in this worker, building the sessions on the worker's first chunk
-    of ``job`` (kept for the next ones)."""
+def fault_point() -> None:
+    """Fault injection for tests (:data:`FAULT_ENV`): the first worker to get here exits hard, once."""
     marker = os.environ.get(FAULT_ENV)
     if marker:
         try:
@@ -168,11 +167,23 @@ def evaluate_chunk(job: Job, chunk: list[tuple[int, dict]]) -> list[SampleRecord
             os._exit(17)
         except FileExistsError:
             pass
-    ev = _CACHE.get(job.key)
-    if ev is None:
-        for old in _CACHE.values():
-            old.close()
-        _CACHE.clear()
-        ev = _CACHE[job.key] = Evaluator(job)
-    return [ev.evaluate(i, feed) for i, feed in chunk]
 
+
+def worker_state(cache: dict, key: str, build):
+    """This worker's state for job ``key`` (sessions and the like), built on first use; the state of an earlier
+    job is closed and dropped (a worker serves one job at a time)."""
+    state = cache.get(key)
+    if state is None:
+        for old in cache.values():
+            old.close()
+        cache.clear()
+        state = cache[key] = build()
+    return state
+
+
+def evaluate_chunk(job: Job, chunk: list[tuple[int, dict]]) -> list[SampleRecord]:
+    """Evaluate ``chunk`` ((index, feed) pairs) in this worker, building the sessions on the worker's first chunk
+    of ``job`` (kept for the next ones)."""
+    fault_point()
+    ev = worker_state(_CACHE, job.key, lambda: Evaluator(job))
+    return [ev.evaluate(i, feed) for i, feed in chunk]

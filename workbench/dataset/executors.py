@@ -266,12 +266,20 @@ class _Processes:
 def _bare_main():
     """Workers get models and arrays, never the caller's code: spawn them without re-running the caller's main
     script (a script without an ``if __name__ == "__main__"`` guard would otherwise start the run again in every
-    worker)."""
+    worker). And with SIGINT blocked, which the workers inherit: Ctrl-C in a terminal reaches the whole process
+    group, and only the caller should act on it (it stops the workers), not a worker half-way through starting
+    (which would print its own traceback). A Ctrl-C meanwhile is delivered to the caller once unblocked."""
+    import signal
+
     main = sys.modules.get("__main__")
     sys.modules["__main__"] = types.ModuleType("__main__")
+    blocked = hasattr(signal, "pthread_sigmask")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocked else None
     try:
         yield
     finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         if main is not None:
             sys.modules["__main__"] = main
 

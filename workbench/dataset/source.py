@@ -122,8 +122,9 @@ def load_function(ref: str, what: str) -> Callable:
     except InputError:
         raise
     except (Exception, SystemExit) as e:  # noqa: BLE001 - user code: any failure is the user's to fix, in one line
-        raise InputError(f"cannot import {what} {ref!r}: {type(e).__name__}: {e}",
-                         "check the module name and that it imports on its own") from None
+        raise InputError(f"cannot import {what} module {module_name!r}: {type(e).__name__}: {e}",
+                         "check the module name and that it imports on its own (or pass path/to/file.py:function)") \
+            from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise InputError(f"{what} {ref!r}: {module_name} has no function {attr!r}", "check the function name")

@@ -96,7 +96,7 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
         raise RepairError("preprocess applies to a dataset, and no feeds were given",
                           "pass feeds= a folder of images (--inputs DIR), or drop preprocess")
     if feeds is not None and is_dataset(feeds, preprocess):
-        model, source, feeds = _dataset_feeds(model, feeds, preprocess, compare_options)
+        model, source, feeds = _dataset_feeds(model, feeds, preprocess, compare_options, steps.check)
     plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, **compare_options)
     try:
         if source is not None:
@@ -120,13 +120,14 @@ def _check_ray() -> None:
         raise InputError("Ray is not installed", RAY_HINT)
 
 
-def _dataset_feeds(model: Any, data: Any, preprocess: Any, options: dict) -> tuple[Any, dict, list[dict]]:
+def _dataset_feeds(model: Any, data: Any, preprocess: Any, options: dict,
+                   check: Callable[[], None] = lambda: None) -> tuple[Any, dict, list[dict]]:
     """(model, feed provenance, checked feeds) of a dataset, read into memory sample by sample and refused (one
     InputError with the numbers) as soon as the feeds exceed the memory budget. A model file is loaded once here
     and handed on loaded."""
     from .._files import human_size
     from ..core.budget import parse_size
-    from ..dataset.source import open_dataset
+    from ..dataset.source import Prefetch, open_dataset
     from ..inputs import check_feeds
     from ..model.load import LoadedModel, is_torch_module, load_model
 
@@ -139,7 +140,7 @@ def _dataset_feeds(model: Any, data: Any, preprocess: Any, options: dict) -> tup
     budget = parse_size(given)
     feeds: list[dict] = []
     total = 0
-    for sample in dataset:
+    for sample in Prefetch(dataset, check):  # Cancel ends the read even while one sample's preprocessing blocks
         try:
             feed = check_feeds(loaded.proto, [sample.feed])[0]
         except InputError as e:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.evaluate import FAULT_ENV, ModelRef
+from ..dataset.evaluate import ModelRef, fault_point, worker_state
 from ..dataset.executors import ExecutorSpec, WorkerPool, worker_threads
 
 log = logging.getLogger(__name__)
@@ -159,19 +159,8 @@ _STATE: dict[str, _State] = {}
 
 def evaluate_sets(job: RepairJob, chunk: list[tuple[int, tuple]]) -> list[Outcome]:
     """Evaluate ``chunk`` ((index, (kept, switch pool or None)) pairs) in this worker."""
-    marker = os.environ.get(FAULT_ENV)  # tests: a worker exits hard once, as evaluate_chunk's does
-    if marker:
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            os._exit(17)
-        except FileExistsError:
-            pass
-    state = _STATE.get(job.key)
-    if state is None:
-        for old in _STATE.values():
-            old.close()
-        _STATE.clear()
-        state = _STATE[job.key] = _State(job)
+    fault_point()  # tests: a worker exits hard once, as evaluate_chunk's does
+    state = worker_state(_STATE, job.key, lambda: _State(job))
     return [_evaluate(state, job, kept, pool) for _, (kept, pool) in chunk]
 
 

@@ -4,15 +4,11 @@ feed."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import operator
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,41 +22,20 @@ _THRESHOLD = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\S+)\s*$")
 
 
 def load_metric(spec: str | Callable) -> tuple[Callable, str]:
-    """(function, label) for ``module:function`` or ``path/to/file.py:function`` (or a callable)."""
+    """(function, label) for ``module:function`` or ``path/to/file.py:function`` (or a callable), loaded the way
+    dataset metrics and preprocessing are (:func:`workbench.dataset.source.load_function`); a ``sys.exit()`` in it
+    is an error of the metric, not the end of the run."""
+    from ..dataset.source import guarded, load_function
+    from ..errors import InputError
+
     if callable(spec):
-        return spec, f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"
+        label = f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"
+        return guarded(spec, label), label
     text = str(spec)
-    module, sep, name = text.rpartition(":")
-    if not sep or not module or not name.isidentifier():
-        raise RepairError(f"cannot read metric {text!r}", "write module:function or path/to/file.py:function")
     try:
-        if module.endswith(".py"):
-            path = Path(module).expanduser()
-            if not path.is_file():
-                raise RepairError(f"metric file {module} does not exist", "check the path")
-            spec_ = importlib.util.spec_from_file_location(f"workbench_repair_metric_{path.stem}", path)
-            mod = importlib.util.module_from_spec(spec_)
-            spec_.loader.exec_module(mod)
-        else:
-            added = "" not in sys.path and "." not in sys.path
-            if added:  # a module beside the user, as `python -m` would find it
-                sys.path.insert(0, "")
-            try:
-                mod = importlib.import_module(module)
-            finally:
-                if added:
-                    sys.path.remove("")
-    except RepairError:
-        raise
-    except ImportError as e:
-        raise RepairError(f"cannot import metric module {module!r}: {e}", "check the module name (or pass a "
-                          "path/to/file.py:function)") from None
-    except Exception as e:  # noqa: BLE001 - importing user code may raise anything
-        raise RepairError(f"importing metric module {module!r} failed: {type(e).__name__}: {e}") from None
-    fn = getattr(mod, name, None)
-    if not callable(fn):
-        raise RepairError(f"metric module {module!r} has no function {name!r}", "write module:function")
-    return fn, text
+        return load_function(text, "metric"), text
+    except InputError as e:
+        raise RepairError(e.message, e.hint) from None
 
 
 @dataclass

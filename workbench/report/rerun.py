@@ -135,11 +135,15 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
             if kind == "dataset":
                 section = b.manifest.get("dataset_compare") or {}
                 check_engines(section.get("reference"), section.get("candidate"), allowed=allow_engines)
-                return _rerunner(kind)(b, model=model, progress=progress, **given)
+                return _rerunner(kind)(b, model=model, cand_model=cand_model, progress=progress, **given)
             if given:
                 raise BundleError(f"{', '.join(sorted(given))} only apply to dataset bundles, and this is a "
                                   f"{kind} bundle", "drop those options")
             return _rerunner(kind)(b, model=model)
+        given = sorted(k for k, v in dataset_args.items() if v is not None)
+        if given:
+            raise BundleError(f"{', '.join(given)} only apply to dataset bundles, and this is a comparison bundle",
+                              "drop those options")
         m = b.manifest
         opts = m["compare"]
         if not opts.get("rerunnable", True):
