@@ -6,16 +6,15 @@ visible and readable. Screenshots of both themes go to $WORKBENCH_ARTIFACTS (or 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
+import browser_support as B
 import pytest
 from conftest import REPO, load_file
 
 pytestmark = pytest.mark.browser
 
-H = load_file(REPO / "benchmarks" / "bench_ui.py")
+H = B.H
 POLISH = load_file(REPO / "tests" / "test_browser_polish.py")
 CULPRIT = "/bn_big_var/BatchNormalization"
 
@@ -60,37 +59,15 @@ SEEN: dict = {}
 
 @pytest.fixture(scope="module")
 def artifacts() -> Path:
-    folder = Path(os.environ.get("WORKBENCH_ARTIFACTS") or tempfile.mkdtemp(prefix="workbench-artifacts-"))
-    folder = folder / "browser-errors"
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"\nbrowser screenshots: {folder}")
-    return folder
+    return B.artifacts_folder("browser-errors")
 
 
 @pytest.fixture(scope="module")
 def lab_page(artifacts):
-    pytest.importorskip("playwright")
-    if not Path(H.CHROMIUM).exists():
-        if os.environ.get("WORKBENCH_REQUIRE_BROWSER"):
-            pytest.fail(f"{H.CHROMIUM} not found")
-        pytest.skip(f"{H.CHROMIUM} not found: apt-get install chromium (CI installs it)")
-    from playwright.sync_api import sync_playwright
-
+    B.require_browser()
     lab = H.JupyterLab(notebooks=[])
-    with lab, sync_playwright() as p:
-        browser = H.launch(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
-            yield lab, page, errors
-        except Exception:
-            H.screenshot(page, artifacts, "failure")
-            raise
-        finally:
-            (artifacts / "jupyterlab.log").write_bytes(lab.log_path.read_bytes())
-            browser.close()
+    with B.lab_browser(lab, artifacts) as (page, errors):
+        yield lab, page, errors
 
 
 def _structure(wb) -> dict:

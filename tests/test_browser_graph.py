@@ -5,17 +5,15 @@ and selects in under 2 s. Screenshots go to $WORKBENCH_ARTIFACTS (or a temporary
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
+import browser_support as B
 import pytest
-from conftest import REPO, load_file
 
 pytestmark = pytest.mark.browser
 
-H = load_file(REPO / "benchmarks" / "bench_ui.py")
+H = B.H
 #: the issue's bound: render, search and select a 5,000-node unnamed model, each in under this many seconds
 BUDGET_S = 2.0
 
@@ -58,22 +56,14 @@ def small_model():
 
 @pytest.fixture(scope="module")
 def artifacts() -> Path:
-    folder = Path(os.environ.get("WORKBENCH_ARTIFACTS") or tempfile.mkdtemp(prefix="workbench-artifacts-"))
-    folder = folder / "browser-graph"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return B.artifacts_folder("browser-graph")
 
 
 @pytest.fixture(scope="module")
 def graphs(artifacts):
     """One JupyterLab, one notebook: the 5,000-node panel (its display timed) and the small one."""
-    pytest.importorskip("playwright")
-    if not Path(H.CHROMIUM).exists():
-        if os.environ.get("WORKBENCH_REQUIRE_BROWSER"):
-            pytest.fail(f"{H.CHROMIUM} not found")
-        pytest.skip(f"{H.CHROMIUM} not found: apt-get install chromium (CI installs it)")
+    B.require_browser()
     import onnx
-    from playwright.sync_api import sync_playwright
 
     lab = H.JupyterLab(notebooks=[])
     big, small = lab.root / "unnamed_5000.onnx", lab.root / "small.onnx"
@@ -85,28 +75,17 @@ def graphs(artifacts):
         "big = GraphPanel(m, height=460)\nbig",
         f"small = GraphPanel({str(small)!r}, height=360)\nsmall",
     ])
-    with lab, sync_playwright() as p:
-        browser = H.launch(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
-            H.open_notebook(page, lab, name)
-            H.run_cell(page, 0, wait=True)
-            timing = H.time_cell(page, 1, {"render_s": ".wb-graph[data-ready='1']"})
-            H.wait_idle(page)
-            H.run_cell(page, 2, wait=True)
-            cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell")
-            yield {"page": page, "errors": errors, "timing": timing,
-                   "big": cells.nth(1).locator(".wb-graph[data-ready='1']"),
-                   "big_cell": cells.nth(1), "small": cells.nth(2).locator(".wb-graph[data-ready='1']"),
-                   "small_cell": cells.nth(2)}
-        except Exception:
-            H.screenshot(page, artifacts, "failure")
-            raise
-        finally:
-            browser.close()
+    with B.lab_browser(lab, artifacts) as (page, errors):
+        H.open_notebook(page, lab, name)
+        H.run_cell(page, 0, wait=True)
+        timing = H.time_cell(page, 1, {"render_s": ".wb-graph[data-ready='1']"})
+        H.wait_idle(page)
+        H.run_cell(page, 2, wait=True)
+        cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell")
+        yield {"page": page, "errors": errors, "timing": timing,
+               "big": cells.nth(1).locator(".wb-graph[data-ready='1']"),
+               "big_cell": cells.nth(1), "small": cells.nth(2).locator(".wb-graph[data-ready='1']"),
+               "small_cell": cells.nth(2)}
 
 
 #: seconds from Enter in the search box until the status line names the selected node, two frames later

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
+import browser_support as B
 import pytest
-from conftest import REPO, load_file
+from conftest import REPO
 
 pytestmark = pytest.mark.browser
 
-H = load_file(REPO / "benchmarks" / "bench_ui.py")
+H = B.H
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
 CULPRIT = "/bn_big_var/BatchNormalization"
 
@@ -53,45 +53,25 @@ CONTRAST_JS = """
 
 @pytest.fixture(scope="module")
 def artifacts() -> Path:
-    folder = Path(os.environ.get("WORKBENCH_ARTIFACTS") or tempfile.mkdtemp(prefix="workbench-artifacts-"))
-    folder = folder / "browser-polish"
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"\nbrowser screenshots: {folder}")
-    return folder
+    return B.artifacts_folder("browser-polish")
 
 
 @pytest.fixture(scope="module")
 def lab_page(artifacts):
-    pytest.importorskip("playwright")
-    if not Path(H.CHROMIUM).exists():
-        if os.environ.get("WORKBENCH_REQUIRE_BROWSER"):
-            pytest.fail(f"{H.CHROMIUM} not found")
-        pytest.skip(f"{H.CHROMIUM} not found: apt-get install chromium (CI installs it)")
-    from playwright.sync_api import sync_playwright
-
+    B.require_browser()
     lab = H.JupyterLab(notebooks=NOTEBOOKS)
     # the server's own data folder: notebooks trusted here (see _trust) are trusted for this server only
     data = lab.root / ".jupyter" / "data"
     before = os.environ.get("JUPYTER_DATA_DIR")
     os.environ["JUPYTER_DATA_DIR"] = str(data)
-    with lab, sync_playwright() as p:
-        browser = H.launch(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
+    try:
+        with B.lab_browser(lab, artifacts) as (page, errors):
             yield lab, page, errors
-        except Exception:
-            H.screenshot(page, artifacts, "failure")
-            raise
-        finally:
-            (artifacts / "jupyterlab.log").write_bytes(lab.log_path.read_bytes())
-            browser.close()
-            if before is None:
-                os.environ.pop("JUPYTER_DATA_DIR", None)
-            else:
-                os.environ["JUPYTER_DATA_DIR"] = before
+    finally:
+        if before is None:
+            os.environ.pop("JUPYTER_DATA_DIR", None)
+        else:
+            os.environ["JUPYTER_DATA_DIR"] = before
 
 
 def _panel(page):

@@ -5,58 +5,31 @@ calibrate and see a histogram. Screenshots go to $WORKBENCH_ARTIFACTS (or a temp
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
+import browser_support as B
 import pytest
-from conftest import REPO, load_file
 
 pytestmark = pytest.mark.browser
 
 CULPRIT = "/bn_big_var/BatchNormalization"
 
 
-def _harness():
-    return load_file(REPO / "benchmarks" / "bench_ui.py")
-
-
-H = _harness()
+H = B.H
 
 
 @pytest.fixture(scope="module")
 def artifacts() -> Path:
-    folder = Path(os.environ.get("WORKBENCH_ARTIFACTS") or tempfile.mkdtemp(prefix="workbench-artifacts-"))
-    folder = folder / "browser"
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"\nbrowser screenshots: {folder}")
-    return folder
+    return B.artifacts_folder("browser")
 
 
 @pytest.fixture(scope="module")
 def browser_page(artifacts):
-    pytest.importorskip("playwright")
-    if not Path(H.CHROMIUM).exists():
-        if os.environ.get("WORKBENCH_REQUIRE_BROWSER"):
-            pytest.fail(f"{H.CHROMIUM} not found")
-        pytest.skip(f"{H.CHROMIUM} not found: apt-get install chromium (CI installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with H.JupyterLab(notebooks=["quickstart.ipynb"]) as lab, sync_playwright() as p:
-        browser = H.launch(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
-            yield lab, page, errors
-        except Exception:
-            H.screenshot(page, artifacts, "failure")
-            raise
-        finally:
-            (artifacts / "jupyterlab.log").write_bytes(lab.log_path.read_bytes())
-            browser.close()
+    B.require_browser()
+    lab = H.JupyterLab(notebooks=["quickstart.ipynb"])
+    with B.lab_browser(lab, artifacts) as (page, errors):
+        yield lab, page, errors
 
 
 def _visible(locator):
@@ -135,8 +108,8 @@ def test_graph_widget_stays_interactive_on_5000_nodes(browser_page, artifacts):
     page.mouse.wheel(0, 600)  # zoom out
     page.locator(".wb-graph-btn", has_text="Fit").click()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + 25)  # a box near the top
-    page.wait_for_function("""() => [...document.querySelectorAll('.wb-culprit, .wb-msg')].some(
-                                 e => /double-click|inputs:/.test(e.textContent))""")
+    page.wait_for_function(r"""() => [...document.querySelectorAll('.wb-culprit, .wb-msg')].some(
+                                 e => /double-click|inputs:|\(\w+, #\d+\)/.test(e.textContent))""")  # scope or node
     H.screenshot(page, artifacts, "07-graph-5000")
     assert not errors, errors
 

@@ -355,49 +355,42 @@ class ComparePanel(widgets.VBox):
         returns the job's thread (None if nothing started)."""
         from ..report.html import write_report
 
-        result = self.state.result
-        if result is None:
-            return None
-        try:
-            folder = self._export_folder()
-        except Exception as e:  # noqa: BLE001 - shown in the panel
-            self.export_note.value = error_html(e, "the HTML report")
-            return None
         inspection = self.state.inspection
-        self.export_note.value = message_html("writing the HTML report...", "info")
-
-        def work(progress, _cancel):
-            progress(0.2, "writing the HTML report")
-            return write_report(result, folder / f"report-{_stamp(result)}.html", inspection)
-
-        return self.jobs.start("HTML report", work, lambda path: self._offer(path, "the HTML report"),
-                               lambda e: self._export_failed(e, "the HTML report"))
+        return self._export("the HTML report", "HTML report", lambda result, folder: write_report(
+            result, folder / f"report-{_stamp(result)}.html", inspection))
 
     def export_bundle(self):
         """Write a rerunnable bundle (.zip) of the current result (on a worker thread) and offer it as a download
         link; returns the job's thread (None if nothing started)."""
         from ..report.bundle import save_bundle
 
+        model = self.state.model
+
+        def write(result, folder):
+            opts = result.run_options or {}
+            source = None if opts.get("model") is not None or result.model.get("path") else \
+                getattr(model, "path", None)
+            return save_bundle(result, source, dest=folder / f"bundle-{_stamp(result)}", zip=True, overwrite=True)
+
+        return self._export("the bundle", "bundle", write)
+
+    def _export(self, what: str, job: str, write):
+        """Run ``write(result, folder)`` on a worker thread for the current result, then offer its file."""
         result = self.state.result
         if result is None:
             return None
         try:
             folder = self._export_folder()
         except Exception as e:  # noqa: BLE001 - shown in the panel
-            self.export_note.value = error_html(e, "the bundle")
+            self.export_note.value = error_html(e, what)
             return None
-        model = self.state.model
-        self.export_note.value = message_html("writing the bundle...", "info")
+        self.export_note.value = message_html(f"writing {what}...", "info")
 
         def work(progress, _cancel):
-            progress(0.2, "writing the bundle")
-            opts = result.run_options or {}
-            source = None if opts.get("model") is not None or result.model.get("path") else \
-                getattr(model, "path", None)
-            return save_bundle(result, source, dest=folder / f"bundle-{_stamp(result)}", zip=True, overwrite=True)
+            progress(0.2, f"writing {what}")
+            return write(result, folder)
 
-        return self.jobs.start("bundle", work, lambda path: self._offer(path, "the bundle"),
-                               lambda e: self._export_failed(e, "the bundle"))
+        return self.jobs.start(job, work, lambda path: self._offer(path, what), lambda e: self._export_failed(e, what))
 
     def _offer(self, path, what: str) -> None:
         try:
