@@ -563,3 +563,33 @@ def test_calibrating_again_redraws_the_selected_tensor():
     assert first == second, "the same tensor stays selected: the case that used to keep the old numbers"
     assert amax0 != amax1 and fig0 != fig1
     assert fmt(amax0) not in panel.tensor_note.value
+
+
+def test_compare_runs_the_users_own_candidate_file_typed_or_uploaded(tmp_path):
+    """Issue 13 item 4: pick your own FP16 export in the Compare panel (path or upload); the result names it."""
+    from pathlib import Path
+
+    import onnx
+
+    from workbench.ui import ComparePanel
+    from workbench.variants import make_variant
+
+    mine = tmp_path / "my_fp16.onnx"
+    onnx.save(make_variant(onnx.load(CLAMP), "fp16").model, mine)
+    panel = ComparePanel(CLAMP)
+    panel.cand_upload.value = ({"name": "../../my_fp16.onnx", "type": "", "size": mine.stat().st_size,
+                                "content": memoryview(mine.read_bytes()),
+                                "last_modified": datetime.datetime.now(datetime.timezone.utc)},)
+    uploaded = Path(panel.cand_file.value)
+    assert uploaded.name == "my_fp16.onnx" and uploaded.parent != tmp_path
+    assert uploaded.read_bytes() == mine.read_bytes()
+    assert "runs your file" in panel.engine_note.value
+    panel.cand_file.value = str(mine)
+    panel.run()
+    assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
+    result = panel.state.result
+    assert result.variant["variant"] == "user model" and result.variant["file"] == "my_fp16.onnx"
+    assert result.candidate == "ort" and "your file my_fp16.onnx" in panel.summary.value
+    assert result.diverged  # the converter's clamp is in the file: the culprit is still found
+    panel.cand_file.value = str(tmp_path / "missing.onnx")
+    assert panel.run() is None and "not found" in panel.jobs.status.value

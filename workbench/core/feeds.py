@@ -24,5 +24,10 @@ def cast_feeds(model: onnx.ModelProto, feeds: list[dict]) -> list[dict]:
     """Feeds cast to ``model``'s input dtypes (a user's FP16 export may take float16 inputs); names the model does
     not take are dropped (kept when the model declares no input types)."""
     dtypes = input_dtypes(model)
-    return [{k: (v.astype(dtypes[k]) if k in dtypes and v.dtype != dtypes[k] else v) for k, v in f.items()
-             if k in dtypes or not dtypes} for f in feeds]
+    return [cast_to(dtypes, f) for f in feeds]
+
+
+def cast_to(dtypes: dict[str, np.dtype], feed: dict) -> dict:
+    """One feed cast to ``dtypes`` (:func:`input_dtypes` of a model), as :func:`cast_feeds` does."""
+    return {k: (v.astype(dtypes[k]) if k in dtypes and v.dtype != dtypes[k] else v) for k, v in feed.items()
+            if k in dtypes or not dtypes}

@@ -121,10 +121,8 @@ def _compare(loaded, reference, candidate, head, stream, dataset, cand_model, ca
                 job = _with_files(job, plan, tmp)
             local = None
             if spec.kind == "serial":
-                ev = Evaluator(job, ref_session=plan.ref_engine.prepare(plan.ref_model, job.tensors),
-                               cand_session=plan.cand_engine.prepare(plan.cand_model, job.cand_names),
-                               cand_proto=plan.cand_model)
-                ev._closers = [ev.ref_session, ev.cand_session]
+                ev = Evaluator(job, engines=(plan.ref_engine, plan.cand_engine),
+                               models=(plan.ref_model, plan.cand_model))
                 local = lambda chunk: [ev.evaluate(i, f) for i, f in chunk]  # noqa: E731
             else:
                 ev = None

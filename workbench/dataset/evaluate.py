@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..compare.criterion import Criterion
+from ..core.feeds import cast_to
 from ..core.metrics import ErrorStats
 
 log = logging.getLogger(__name__)
@@ -85,25 +86,23 @@ class SampleRecord:
 
 
 class Evaluator:
-    """Sessions of both sides with every compared tensor marked, and the per-sample arithmetic."""
+    """Sessions of both sides with every compared tensor marked, and the per-sample arithmetic. Built from the
+    job's model references (workers), or from the caller's engines and models (serial: the plan's); either way
+    :meth:`close` closes the sessions it prepared."""
 
-    def __init__(self, job: Job, *, ref_session=None, cand_session=None, cand_proto=None):
-        self.job = job
-        self._closers = []
-        if ref_session is None:
-            from ..engines import get_engine
-
-            ref_proto = job.ref_model.load()
-            ref_session = get_engine(job.ref_engine, **job.ref_options).prepare(ref_proto, job.tensors)
-            del ref_proto
-            cand_proto = job.cand_model.load()
-            cand_session = get_engine(job.cand_engine, **job.cand_options).prepare(cand_proto, job.cand_names)
-            self._closers = [ref_session, cand_session]
-        self.ref_session, self.cand_session = ref_session, cand_session
+    def __init__(self, job: Job, *, engines=None, models=None):
         from ..core.feeds import input_dtypes
+        from ..engines import get_engine
 
-        self._cand_dtypes = input_dtypes(cand_proto) if cand_proto is not None else {}
-        self._cand_model_inputs = cand_proto
+        self.job = job
+        if engines is None:
+            engines = (get_engine(job.ref_engine, **job.ref_options), get_engine(job.cand_engine, **job.cand_options))
+        ref_proto = models[0] if models else job.ref_model.load()
+        self.ref_session = engines[0].prepare(ref_proto, job.tensors)
+        del ref_proto
+        cand_proto = models[1] if models else job.cand_model.load()
+        self.cand_session = engines[1].prepare(cand_proto, job.cand_names)
+        self._cand_dtypes = input_dtypes(cand_proto)
 
     def evaluate(self, index: int, feed: dict[str, np.ndarray]) -> SampleRecord:
         import time
@@ -111,9 +110,7 @@ class Evaluator:
         t0 = time.perf_counter()
         job, crit = self.job, self.job.criterion
         ref = self.ref_session.run(feed)
-        cand_feed = {k: (v.astype(self._cand_dtypes[k]) if k in self._cand_dtypes and v.dtype != self._cand_dtypes[k]
-                         else v) for k, v in feed.items() if k in self._cand_dtypes or not self._cand_dtypes}
-        cand = self.cand_session.run(cand_feed)
+        cand = self.cand_session.run(cast_to(self._cand_dtypes, feed))
         n = len(job.tensors)
         values = np.full(n, np.nan)
         diverged = np.zeros(n, dtype=bool)
@@ -139,9 +136,8 @@ class Evaluator:
                             seconds=time.perf_counter() - t0)
 
     def close(self) -> None:
-        for s in self._closers:
-            s.close()
-        self._closers = []
+        for session in (self.ref_session, self.cand_session):
+            session.close()
 
 
 def _floor(ref: np.ndarray, fmt) -> dict:

@@ -49,6 +49,12 @@ class ComparePanel(widgets.VBox):
         self.ref_engine, self.ref_variant = self.pair.ref_engine, self.pair.ref_variant
         self.cand_engine, self.cand_variant = self.pair.cand_engine, self.pair.cand_variant
         self.engine_note = widgets.HTML()
+        # the user's own candidate file (their FP16/QDQ export): typed, or uploaded (kept in a temporary folder)
+        self.cand_file = widgets.Text(description="cand. file", placeholder="your own candidate .onnx (optional): the "
+                                      "candidate engine runs this file", layout=widgets.Layout(width="520px"))
+        self.cand_upload = widgets.FileUpload(accept=".onnx", multiple=False, description="upload .onnx")
+        self.cand_upload.observe(self._on_upload, "value")
+        self.cand_file.observe(lambda _: self._on_engine(), "value")
         self.precision = widgets.HTML()
         self._model_precision: tuple[str, Any] | None = None  # (fingerprint, Precision) of the loaded model
         self.inputs = InputsBox(state=self.state)
@@ -100,7 +106,7 @@ class ComparePanel(widgets.VBox):
         self.state.observe(lambda _: self.show_history(), "history")
         pickers = widgets.VBox([
             widgets.HBox([self.ref_engine, self.ref_variant]), widgets.HBox([self.cand_engine, self.cand_variant]),
-            self.engine_note, self.precision])
+            widgets.HBox([self.cand_file, self.cand_upload]), self.engine_note, self.precision])
         super().__init__([
             style_tag(), heading("Engines and precisions"), pickers, heading("Inputs"), self.inputs,
             heading("Divergence criterion"), widgets.HBox([self.metric, self.threshold]), self.tolerance_note,
@@ -124,7 +130,36 @@ class ComparePanel(widgets.VBox):
 
     @property
     def candidate(self) -> str:
-        return self.pair.candidate
+        """The candidate spec; with a candidate file, its engine alone (the file is already the variant)."""
+        return self.cand_engine.value if self.cand_file.value.strip() else self.pair.candidate
+
+    def candidate_file(self) -> str | None:
+        """The candidate file typed or uploaded (checked to exist), or None."""
+        from pathlib import Path
+
+        from ..errors import InputError
+
+        text = self.cand_file.value.strip()
+        if not text:
+            return None
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise InputError(f"candidate file {path} not found", "type the path of your converted .onnx, or upload it")
+        return str(path)
+
+    def _on_upload(self, change: dict) -> None:
+        """An uploaded .onnx goes to a private temporary folder (never the working directory) and fills the path."""
+        import tempfile
+        from pathlib import Path
+
+        files = change["new"] or ()
+        if not files:
+            return
+        item = files[0]
+        name = Path(str(item.get("name") or "candidate.onnx")).name or "candidate.onnx"
+        dest = Path(tempfile.mkdtemp(prefix="workbench-upload-")) / name
+        dest.write_bytes(bytes(item["content"]))
+        self.cand_file.value = str(dest)
 
     def _on_engine(self, _change: Any = None) -> None:
         problems = self.pair.problems(self.state.model)
@@ -132,6 +167,9 @@ class ComparePanel(widgets.VBox):
         if self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
             hints.append("ONNX Runtime's CPU provider computes most FP16 ops in FP32: converter clamps show, FP16 "
                          "arithmetic overflow does not; 'ref' + fp16 emulates FP16 arithmetic on the CPU.")
+        if self.cand_file.value.strip():
+            hints.append(f"the candidate runs your file on {self.cand_engine.value} (its precision is read from the "
+                         f"file; the precision picker is ignored): tensors are matched by name")
         if "int8" in (self.ref_variant.value, self.cand_variant.value):
             hints.append("INT8 is a Q/DQ model calibrated on the comparison's own inputs unless you calibrate in the "
                          "Calibration panel and compare its QDQ export.")
@@ -249,6 +287,7 @@ class ComparePanel(widgets.VBox):
             model = self.state.require_model()
             options = self.inputs.feed_options()
             criterion = self.criterion()
+            cand_file = self.candidate_file()
         except Exception as e:  # noqa: BLE001 - bad options are shown, not raised
             self.jobs.status.value = error_html(e, "the comparison")
             return None
@@ -260,7 +299,7 @@ class ComparePanel(widgets.VBox):
 
         def work(progress, cancel):
             return compare(model, reference, candidate, mode=mode, criterion=criterion, progress=progress,
-                           cancel=cancel, **options)
+                           cancel=cancel, cand_model=cand_file, **options)
 
         def done(result):
             self.state.selected = ""
@@ -297,7 +336,7 @@ class ComparePanel(widgets.VBox):
             self.threshold.value = result.criterion.threshold
             self.tolerance_note.value = message_html(f"this run: diverged when {result.criterion.describe()} "
                                                      "(the default for the inferred precisions)", "info")
-        self.summary.value = verdict_html(result)
+        self.summary.value = _user_file_html(result) + verdict_html(result)
         m = result.criterion.metric
         rows = []
         for k, c in enumerate(result.culprits, 1):
@@ -567,3 +606,12 @@ def culprit_html(c: Any, metric: str) -> str:
     if c.explanation:
         text += "<br>" + html.escape(c.explanation)
     return text
+
+
+def _user_file_html(result: Any) -> str:
+    """Names the user's own candidate file, when the result ran one (else nothing)."""
+    variant = result.variant or {}
+    if variant.get("variant") != "user model":
+        return ""
+    return message_html(f"candidate: your file {variant.get('file')} (sha256 {str(variant.get('sha256'))[:12]}) "
+                        f"on {result.candidate}, against {result.reference}", "info")
