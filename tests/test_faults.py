@@ -397,8 +397,8 @@ def test_ctrl_c_interrupts_a_long_session_build(tmp_path):
                              "--no-culprits"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        for line in proc.stderr:  # wait until a session build has started
-            if "engine" in line:
+        for line in proc.stderr:  # wait until a session build has started (the progress line names the engine)
+            if "reference engine" in line or "candidate engine" in line:
                 break
         time.sleep(1.0)
         t0 = time.monotonic()

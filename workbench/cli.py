@@ -701,7 +701,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"error: {e.strerror or e}{where} -- {_USER_ERRNOS[e.errno]}")
         return EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback unless asked
+        if _interrupted(e):  # Ctrl-C inside a native import or call surfaces as another error: still Ctrl-C
+            _say("interrupted")
+            return 130
         return _internal(e, debug)
+
+
+def _interrupted(e: BaseException) -> bool:
+    """A KeyboardInterrupt somewhere in ``e``'s chain (its cause or the exception it was raised during)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 #: errors of the user's environment (full disk, read-only or forbidden folder, a file where a folder goes), not
