@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 GRANULARITIES = ("all", "fused")
 #: rebuilds that check (and repair) that marking leaves the fusions alone
-MAX_CHECKS = 3
+MAX_CHECKS = 6
 
 
 def observe(model: onnx.ModelProto, engine: str, feeds: list[dict], options: dict | None = None,
