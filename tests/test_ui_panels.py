@@ -38,13 +38,6 @@ def _outputs_text(out) -> str:
     return " ".join(str(o.get("data", {})) for o in out.outputs)
 
 
-@pytest.fixture
-def chdir_tmp(tmp_path, monkeypatch):
-    """Run in an empty working directory, to prove nothing is written there."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    return cwd
 
 
 def test_workbench_builds_on_a_path_and_shows_the_model():

@@ -257,12 +257,6 @@ def test_saved_result_json_comes_with_a_download_link(chdir_tmp):
     assert panel.wait(120)
 
 
-@pytest.fixture
-def chdir_tmp(tmp_path, monkeypatch):
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    return cwd
 
 
 # --- item 13: figure text ------------------------------------------------------------------------------------

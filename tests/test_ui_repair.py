@@ -26,13 +26,6 @@ CLAMP = SAMPLES / "fp16_clamp_constant.onnx"
 CULPRIT = "/bn_big_var/BatchNormalization"
 
 
-@pytest.fixture
-def chdir_tmp(tmp_path, monkeypatch):
-    """Run in an empty working directory, to prove nothing is written there."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    return cwd
 
 
 def _link(html_text: str) -> tuple[str, bytes]:
