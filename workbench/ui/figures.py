@@ -15,11 +15,15 @@ _WAITING: set[threading.Timer] = set()
 
 
 def figure_bundle(fig: Any) -> dict:
-    """The mimebundle of ``fig``: plotly's JSON, plus a plain-text title for viewers without plotly."""
+    """The mimebundle of ``fig``: plotly's JSON, plus a plain-text title for viewers without plotly.
+
+    Not ``responsive``: JupyterLab's plotly renderer resizes through ``Plots.resize``, which drops a height given
+    without a width; a responsive figure then sizes its paper to 100% of an Output node with no height (0 px after
+    a theme switch). Without it the figure still follows the panel's width on every resize."""
     doc = json.loads(fig.to_json(validate=False))  # plotly's encoder: numpy arrays become plain/typed arrays
     title = (doc.get("layout", {}).get("title") or {}).get("text") or "plotly figure"
     return {MIME: {"data": doc.get("data", []), "layout": doc.get("layout", {}),
-                   "config": {"displaylogo": False, "responsive": True}},
+                   "config": {"displaylogo": False, "responsive": False}},
             "text/plain": f"<{title}>"}
 
 
