@@ -128,6 +128,25 @@ def test_trt_live_needs_tensorrt(trt_path):
 
 
 # --- ONNX Runtime and OpenVINO: small checks -------------------------------------------------------------------------
+def test_ort_trace_dispatch_and_overhead_by_hand():
+    """A hand-written ORT profiler trace (µs): a warmup run, then a run from 1000 to 1100 with kernels A 1010-1040,
+    B 1050-1070, C 1075-1090 (and a fence event, not a kernel). By hand: kernels 30 + 20 + 15 = 65 µs; dispatch
+    before B 10, before C 5, none before the first kernel; 15 between, 10 + 10 outside."""
+    from workbench.engine_graphs.ort_graph import _profile
+
+    def node(name, ts, dur):
+        return {"cat": "Node", "name": name, "ts": ts, "dur": dur, "args": {"provider": "CPUExecutionProvider"}}
+
+    events = [{"cat": "Session", "name": "model_run", "ts": 0, "dur": 500}, node("A_kernel_time", 5, 400),
+              {"cat": "Session", "name": "model_run", "ts": 1000, "dur": 100}, node("A_kernel_time", 1010, 30),
+              node("B_fence_before", 1045, 2), node("B_kernel_time", 1050, 20), node("C_kernel_time", 1075, 15)]
+    p = _profile(events, warmup=1)
+    assert p["model_run"] == [0.1]
+    assert {k: v for k, v in p["runs"][0].items()} == {"A": [0.03], "B": [0.02], "C": [0.015]}
+    assert {k: v for k, v in p["dispatch"][0].items()} == {"A": [0.0], "B": [0.01], "C": [0.005]}
+    assert p["between"] == [pytest.approx(0.015)] and p["outside"] == [pytest.approx(0.02)]
+
+
 def test_ort_engine_graph_json_round_trip_and_bad_input(trt_path, tmp_path):
     graph = engine_graph(trt_path, "ort", runs=2)
     check_covers(graph, trt_model())
@@ -203,21 +222,46 @@ def test_ppocr_every_node_mapped_and_every_onnx_node_covered(engine, fetch_model
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ppocr-det", "ppocr-rec"])
+@pytest.mark.parametrize("name", ["ppocr-det", "ppocr-rec", "ppocr-cls"])
 def test_ppocr_node_latencies_add_up_to_the_run(name, fetch_model):
     """Per run, the node times summed against the run's end-to-end time (the median over runs of that share):
-    ORT's kernel times against the profiler's model_run events of the same runs; OpenVINO's per-run node times
-    (recovered from its running averages) against the wall time of the same infer() calls."""
+    ORT's kernel times, each with the executor's dispatch time before it, against the profiler's model_run events
+    of the same runs (kernels alone on the large models; on the small classifier the dispatch between ~230 kernels
+    is a real part of the run, reported per node and in 'overhead'); OpenVINO's per-run node times (recovered from
+    its running averages) against its own time of the same infer() calls."""
     path, feeds = _ocr(name, fetch_model)
     ort = engine_graph(path, "ort", feeds=feeds, runs=10)
     assert ort.end_to_end_source.startswith("ORT profiler")
-    assert abs(ort.latency_share - 1) < 0.15, (ort.latency_share, ort.end_to_end_ms)
+    assert abs(ort.accounted_share - 1) < 0.15, (ort.accounted_share, ort.end_to_end_ms)
+    if name != "ppocr-cls":
+        assert abs(ort.latency_share - 1) < 0.15, (ort.latency_share, ort.end_to_end_ms)
+    # the run = kernels + dispatch between them + before the first and after the last (one thread: no overlap)
+    parts = ort.latency_share * ort.end_to_end_ms + ort.overhead["between_nodes_ms"] + ort.overhead["outside_nodes_ms"]
+    assert parts == pytest.approx(ort.end_to_end_ms, rel=0.1)
     assert all(n.provider == "CPUExecutionProvider" and n.latency_ms is not None for n in ort.nodes)
+    assert all(n.dispatch_ms is not None and n.dispatch_ms >= 0 for n in ort.nodes)
     assert ort.latency_sum_ms == pytest.approx(sum(n.latency_mean_ms for n in ort.nodes))
-    ov = engine_graph(path, "openvino", feeds=feeds, runs=10)
-    assert ov.end_to_end_source.startswith("wall time of InferRequest.infer()")
-    assert abs(ov.latency_share - 1) < 0.15, (ov.latency_share, ov.end_to_end_ms)
+    ov = engine_graph(path, "openvino", feeds=feeds, runs=20)
+    # OpenVINO gives no node start times and counts whole microseconds per node: on the classifier (~85 executed
+    # nodes of 1-20 us, ~0.75 ms a run) the counters hold 82-88% of OpenVINO's own run time, the rest is its
+    # dispatch between nodes and the truncation (reported: overhead.counter_resolution_ms); on det and rec, 96-100%
+    low = 0.7 if name == "ppocr-cls" else 0.85
+    if not low < ov.latency_share < 1.05:  # timing under a busy parallel test worker: measure once more
+        ov = engine_graph(path, "openvino", feeds=feeds, runs=20)
+    assert ov.end_to_end_source.startswith("OpenVINO's own time of each infer()")
+    assert low < ov.latency_share < 1.05, (ov.latency_share, ov.end_to_end_ms, ov.overhead)
+    assert ov.overhead["counter_resolution_ms"] == pytest.approx(0.001 * sum(n.latency_ms is not None
+                                                                             for n in ov.nodes), abs=0.0015)
     assert all(n.latency_ms is not None for n in ov.nodes) and {n.provider for n in ov.nodes} == {"CPU"}
+    assert ov.overhead["python_call_ms"] is not None and ov.details["wall_ms"] >= ov.end_to_end_ms * 0.9
+    if name == "ppocr-rec":  # text lines of two widths: OpenVINO is compiled at the first one, the other is left out
+        from ocr_truth import make_feeds
+
+        both = make_feeds(name, small=True)
+        assert len({f["x"].shape for f in both}) == 2
+        two = engine_graph(path, "openvino", feeds=both, runs=2)
+        assert two.runs == 2 and two.notes == ["1 feed(s) of other input shapes than the first were left out: the "
+                                               "engine is compiled at one shape"]
 
 
 @pytest.mark.slow

@@ -114,6 +114,36 @@ def test_selecting_a_node_shows_the_inspector_in_the_panel():
         assert text in info, text
 
 
+def test_the_inspector_is_a_side_pane_right_of_the_graph_with_a_hint_when_empty():
+    from workbench.ui.graph_panel import HINT, PANE_WIDTH, TOOLBAR_HEIGHT
+
+    panel = GraphPanel(netron_model(), height=400)
+    assert panel.body in panel.children and panel.canvas not in panel.children
+    assert panel.body.children == (panel.canvas, panel.side) and panel.side.children == (panel.info,)
+    assert panel.side.layout.width == f"{PANE_WIDTH}px" and panel.side.layout.max_height == f"{400 + TOOLBAR_HEIGHT}px"
+    assert panel.canvas.layout.flex.startswith("1 1")
+    assert HINT in panel.info.value and "wb-inspector" not in panel.info.value
+    panel.select("conv")
+    assert "wb-inspector" in panel.info.value and HINT not in panel.info.value
+    panel.canvas.height = 300  # the pane follows the graph's height
+    assert panel.side.layout.max_height == f"{300 + TOOLBAR_HEIGHT}px"
+
+
+def test_long_names_and_values_are_cut_with_the_whole_value_in_the_tooltip():
+    import html
+
+    from workbench.ui.graph_panel import MAX_SHOWN, inspector_html
+
+    long = "n" * 1000
+    out = inspector_html({"op_type": "Wide", "domain": "com.example", "attributes": [
+        {"name": "note", "type": "string", "value": long}], "inputs": [], "outputs": [
+        {"name": "/a/" + "b" * 500, "kind": "output", "type": "float32 [1]"}]})
+    assert f"title='{long}'" in out, "the whole value in the tooltip"
+    assert f">{'n' * (MAX_SHOWN - 1)}\u2026</code>" in out, "cut in the cell"
+    assert html.escape("/a/" + "b" * 500) in out
+    assert "style=" not in out, "colours come from the theme's CSS, not inline"
+
+
 def test_a_big_weight_is_summarised_by_type_and_shape_without_decoding_it():
     big = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4096, 4096])  # no data: never decoded
     assert summarize_value(big) == "tensor float [4096, 4096]"

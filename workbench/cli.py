@@ -52,6 +52,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     engine_only = [o for o, v in (("--input-shapes", args.input_shapes), ("--inputs", args.inputs),
                                   ("--optimization", args.optimization), ("--threads", args.threads),
                                   ("--layer-profile", args.layer_profile), ("--layer-times", args.layer_times),
+                                  ("--ort-trace", args.ort_trace), ("--trt-subgraphs", args.trt_subgraphs),
                                   ("--report", args.report)) if v]
     if engine_only:
         raise UsageError(f"{', '.join(engine_only)} go with --engine SPEC (or --layer-info): they look inside engines")
@@ -74,13 +75,22 @@ def _inspect_engine(args: argparse.Namespace) -> int:
         raise UsageError("--layer-profile and --layer-times go with --layer-info (TensorRT's recorded layers)")
     if args.layer_info and (args.engine or "trt") != "trt":
         raise UsageError("--layer-info is TensorRT's layer information: use it with --engine trt (or alone)")
+    if (args.ort_trace or args.trt_subgraphs) and not (args.ort_trace and args.trt_subgraphs
+                                                       and args.engine == "ort-trt"):
+        raise UsageError("--ort-trace and --trt-subgraphs go together, with --engine ort-trt (ONNX Runtime's "
+                         "profiler trace and the TensorRT EP's dumped subgraphs, recorded on a GPU machine)")
     check_outputs([Output("--json", args.json), Output("--report", args.report)], models={"MODEL": args.model},
                   inputs={"--inputs": args.inputs, "--layer-info": args.layer_info,
-                          "--layer-profile": args.layer_profile, "--layer-times": args.layer_times})
+                          "--layer-profile": args.layer_profile, "--layer-times": args.layer_times,
+                          "--ort-trace": args.ort_trace, "--trt-subgraphs": args.trt_subgraphs})
     if args.layer_info:
         from .engine_graphs.tensorrt_graph import from_records
 
         graph = from_records(args.model, args.layer_info, args.layer_profile, args.layer_times)
+    elif args.ort_trace:
+        from .engine_graphs.ort_trt_graph import from_ort_trt_records
+
+        graph = from_ort_trt_records(args.model, args.ort_trace, args.trt_subgraphs, warmup=args.warmup_runs)
     else:
         from .engine_graphs.api import engine_graph
         from .inputs import parse_shape_overrides
@@ -488,6 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "--exportLayerInfo --profilingVerbosity=detailed (no GPU needed to read it)")
     g.add_argument("--layer-profile", metavar="FILE", help="TensorRT's per-layer profile (trtexec --exportProfile)")
     g.add_argument("--layer-times", metavar="FILE", help="TensorRT's per-iteration times (trtexec --exportTimes)")
+    g.add_argument("--ort-trace", metavar="FILE", help="with --engine ort-trt: ONNX Runtime's profiler trace of a "
+                   "TensorRT EP session (enable_profiling), recorded on a GPU machine")
+    g.add_argument("--trt-subgraphs", metavar="DIR", help="with --ort-trace: the folder the TensorRT EP dumped its "
+                   "subgraphs into (provider option trt_dump_subgraphs; it writes them into the working directory)")
+    g.add_argument("--warmup-runs", type=_whole(0, 100_000), default=1, metavar="N", help="with --ort-trace: runs "
+                   "at the start of the trace to drop (default 1)")
     g.add_argument("--top", type=ROWS, default=10, metavar="N", help="slowest nodes listed (and plotted in "
                    "--report; default 10)")
     g.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report of the engine graph "

@@ -130,5 +130,7 @@ def _notes(graph: EngineGraph) -> None:
         graph.notes.append(f"per-node times add up to {share:.0%} of a run: the engine ran nodes concurrently (more "
                            "than one thread), so they overlap")
     elif share is not None and share < 0.85:
+        with_dispatch = (f"; with the dispatch time before each node (dispatch_ms) they account for "
+                         f"{graph.accounted_share:.0%}" if graph.accounted_share else "")
         graph.notes.append(f"per-node times add up to {share:.0%} of a run: the rest is the engine's own overhead "
-                           "between nodes (and the profiler's)")
+                           f"between nodes (and the profiler's){with_dispatch}; see 'overhead'")

@@ -40,7 +40,7 @@ def layer_rows(graph: EngineGraph, result: Any = None, top: int | None = None) -
         err = errors.get(n.name)
         rows.append({"name": n.name, "order": n.order, "kind": n.kind, "role": n.role, "provider": n.provider,
                      "precision": n.precision,
-                     "latency_ms": n.latency_ms, "latency_p90_ms": n.latency_p90_ms,
+                     "latency_ms": n.latency_ms, "latency_p90_ms": n.latency_p90_ms, "dispatch_ms": n.dispatch_ms,
                      "share": (n.latency_mean_ms / end) if (n.latency_mean_ms is not None and end) else None,
                      "fell_back": bool(n.role == "compute" and n.provider and primary and n.provider != primary),
                      "onnx_nodes": n.onnx_nodes, "metric": metric,

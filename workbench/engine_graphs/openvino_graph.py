@@ -13,7 +13,8 @@ layout nodes. ONNX nodes named only by constant (never executed) nodes were fold
 
 Latency: the CPU plugin's performance counters hold each node's average over every inference since compiling, not
 the last one's time, so each run's node times are recovered from the averages read after every run
-(:func:`per_run`) and set against the wall time of that run's ``infer()``.
+(:func:`per_run`) and set against that run's time as OpenVINO measured it (``InferRequest.latency``; the Python
+call around it is reported apart, in ``overhead``).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def openvino_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: in
     if not ok:
         raise EngineUnavailableError(*reason.split(" -- ", 1))
     og = onnx_graph or OnnxGraph.build(model)
+    feeds, other = _one_shape(feeds)
     compiled, request, names = _compile(engine, model, og, feeds[0], outputs)
-    walls, averages = [], []
+    walls, natives, averages = [], [], []
     taken = _inputs(compiled)  # OpenVINO drops inputs it folded away
     try:
         for i in range(warmup + max(runs, 1)):
@@ -64,12 +66,18 @@ def openvino_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: in
             t0 = time.perf_counter()
             request.infer(feed)
             walls.append((time.perf_counter() - t0) * 1e3)
+            natives.append(_native_ms(request))
             averages.append({p.node_name: (p.real_time.total_seconds() * 1e3, str(p.status).endswith("EXECUTED"))
                              for p in request.profiling_info})
     except Exception as e:
         raise EngineRunError(f"OpenVINO failed while running the model: {' '.join(str(e).split())[:300]}",
                              "check the feeds' names, shapes and dtypes (--input-shapes for dynamic inputs)") from e
-    counters, walls = per_run(averages)[warmup:], walls[warmup:]
+    if other:
+        log.info("OpenVINO engine graph: %d feed(s) of other shapes left out", other)
+    counters, walls, natives = per_run(averages)[warmup:], walls[warmup:], natives[warmup:]
+    # the run as OpenVINO timed it (not the Python call around it), where this OpenVINO says
+    native = all(v is not None and v > 0 for v in natives) and bool(natives)
+    totals = natives if native else walls
     nodes, executed_names, folded_by_engine = _runtime_nodes(compiled, counters, names, og)
     mapped = map_runtime(og, nodes, folded_by_engine, main_ops=MAIN_OPS, layout_kinds=tuple(_LAYOUT))
     raw = {e["name"]: e["raw"] for e in nodes}
@@ -82,19 +90,34 @@ def openvino_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: in
             if values:
                 st = stats(values)
                 node.latency_ms, node.latency_p90_ms, node.latency_mean_ms = st["median"], st["p90"], st["mean"]
-    end = stats(walls if runs else [])
-    shares = [sum(c.values()) / wall for c, wall in zip(counters, walls) if wall > 0]
+    end = stats(totals if runs else [])
+    shares = [sum(c.values()) / total for c, total in zip(counters, totals) if total > 0]
+    outside = [max(0.0, total - sum(c.values())) for c, total in zip(counters, totals)]
+    counted = max((len(c) for c in counters), default=0)
+    overhead = {"outside_nodes_ms": stats(outside)["median"],
+                "python_call_ms": stats([w - t for w, t in zip(walls, totals)])["median"] if native else None,
+                "counter_resolution_ms": counted * 1e-3,
+                "source": "OpenVINO's run time less its per-node performance counters (its dispatch between "
+                          "nodes, input and output copies); OpenVINO reports no node start times, and counts whole "
+                          "microseconds per node: up to counter_resolution_ms of a run hides in that truncation"
+                } if runs else {}
     import openvino as ov
 
+    left_out = [f"{other} feed(s) of other input shapes than the first were left out: the engine is compiled at "
+                "one shape"] if other else []
     return EngineGraph(
-        engine="openvino", nodes=mapped["nodes"], end_to_end_ms=end["median"], end_to_end_p90_ms=end["p90"],
+        engine="openvino", notes=left_out, nodes=mapped["nodes"], end_to_end_ms=end["median"], end_to_end_p90_ms=end["p90"],
         end_to_end_mean_ms=end["mean"], latency_share=stats(shares)["median"] if runs else None,
-        end_to_end_source="wall time of InferRequest.infer() on the profiled runs" if runs else "", runs=runs,
+        overhead=overhead,
+        end_to_end_source=("" if not runs else "OpenVINO's own time of each infer() on the profiled runs "
+                           "(InferRequest.latency)" if native else "wall time of InferRequest.infer() on the "
+                           "profiled runs"), runs=runs,
         unmapped=mapped["unmapped"], folded=mapped["folded"],
         details={"openvino": ov.get_version(), "device": engine.device,
                  "inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
                  "requested_provider": engine.device, "executed_nodes": len(mapped["nodes"]),
                  "onnx_compute_nodes": len(og.nodes), "warmup": warmup,
+                 "wall_ms": stats(walls)["median"] if runs else None,
                  "input_shapes": {k: list(v.shape) for k, v in feeds[0].items()}},
     )
 
@@ -109,6 +132,22 @@ def per_run(averages: list[dict[str, tuple[float, bool]]]) -> list[dict[str, flo
                     if ran})
         before = {name: avg for name, (avg, _) in now.items()}
     return out
+
+
+def _one_shape(feeds: list[dict]) -> tuple[list[dict], int]:
+    """The feeds with the first feed's input shapes (the engine is compiled at one shape), and how many others."""
+    first = {k: tuple(v.shape) for k, v in feeds[0].items()}
+    kept = [f for f in feeds if {k: tuple(v.shape) for k, v in f.items()} == first]
+    return kept, len(feeds) - len(kept)
+
+
+def _native_ms(request) -> float | None:
+    """OpenVINO's own time of the last infer() in ms (``InferRequest.latency``), None where it has none."""
+    try:
+        value = float(request.latency)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return value if value == value else None
 
 
 def _inputs(compiled) -> set[str]:

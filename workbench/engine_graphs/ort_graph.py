@@ -34,7 +34,7 @@ from collections import defaultdict
 
 import onnx
 
-from ..errors import EngineRunError, EngineUnavailableError, SpecError
+from ..errors import EngineRunError, EngineUnavailableError
 from .onnx_side import OnnxGraph
 from .partition import uncovered
 from .result import EngineGraph, EngineNode, stats
@@ -63,10 +63,11 @@ def ort_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: int = 1
     from ..engines.serialize import model_payload
 
     opts = dict(options or {})
-    if opts.get("provider") == "trt":
-        raise SpecError("ONNX Runtime cannot save the optimized graph of a session whose TensorRT execution provider "
-                        "compiled subgraphs, so ort-trt has no engine graph here",
-                        "look inside TensorRT itself (--engine trt, or its recorded --layer-info), or use ort-cuda")
+    if opts.get("provider") == "trt":  # no optimized model once the TensorRT EP compiled: its dumps and the trace
+        from .ort_trt_graph import ort_trt_engine_graph
+
+        return ort_trt_engine_graph(model, feeds, runs=runs, warmup=warmup, options=opts, outputs=outputs,
+                                    onnx_graph=onnx_graph)
     engine = OrtEngine(provider=opts.get("provider"), threads=opts.get("threads"),
                        graph_optimization=opts.get("graph_optimization", "all"))
     og = onnx_graph or OnnxGraph.build(model)
@@ -85,14 +86,15 @@ def ort_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: int = 1
             first = next((t for t in node.outputs if t in types), None)
             if node.precision is None and first is not None:
                 node.precision = _ELEM.get(types[first].tensor_type.elem_type)
-    end = stats(profile["model_run"] if profile else [])
-    shares = [sum(map(sum, run.values())) / total for run, total in zip(profile["runs"], profile["model_run"])
-              if total > 0] if profile else []
+    summary = summarize_profile(profile) if profile else {"end": stats([]), "share": None, "accounted": None,
+                                                           "overhead": {}}
+    end = summary["end"]
     import onnxruntime as ort
 
     return EngineGraph(
         engine=engine.name, nodes=graph["nodes"], end_to_end_ms=end["median"], end_to_end_p90_ms=end["p90"],
-        end_to_end_mean_ms=end["mean"], latency_share=stats(shares)["median"],
+        end_to_end_mean_ms=end["mean"], latency_share=summary["share"],
+        accounted_share=summary["accounted"], overhead=summary["overhead"],
         end_to_end_source="ORT profiler: model_run events of the profiled runs" if runs else "",
         runs=runs, unmapped=graph["unmapped"], folded=graph["folded"],
         details={"onnxruntime": ort.__version__, "graph_optimization": engine.graph_optimization,
@@ -361,11 +363,14 @@ def read_trace(path: str) -> list[dict]:
 
 
 def _profile(events: list[dict], warmup: int) -> dict:
-    """Per-run kernel times from ORT's profiler trace: {"model_run": [ms], "nodes": {name: [[ms per run], ...]},
-    "args": {name: last args}}; the first ``warmup`` runs are dropped."""
+    """Per-run kernel times from ORT's profiler trace: {"model_run": [ms], "runs": [{name: [kernel ms]}],
+    "dispatch": [{name: [ms]}], "between": [ms], "outside": [ms], "args": {name: last args}}; the first ``warmup``
+    runs are dropped. A node's dispatch is the time from the previous kernel's end to its own start (the executor's
+    allocation, scheduling and fences, and the profiler's bookkeeping); ``between`` sums them per run, ``outside``
+    is the rest of the run (before the first kernel, after the last)."""
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                   if e.get("cat") == "Session" and e.get("name") == "model_run")[warmup:]
-    per_run: list[dict[str, list[float]]] = [defaultdict(list) for _ in runs]
+    kernels: list[list[tuple[int, int, str]]] = [[] for _ in runs]
     args: dict[str, dict] = {}
     starts = [r[0] for r in runs]
     import bisect
@@ -377,9 +382,40 @@ def _profile(events: list[dict], warmup: int) -> dict:
         if i < 0 or e["ts"] > runs[i][1]:
             continue
         name = e["name"][: -len("_kernel_time")]
-        per_run[i][name].append(e["dur"] / 1e3)
+        kernels[i].append((e["ts"], e["ts"] + e["dur"], name))
         args[name] = e.get("args", {})
-    return {"model_run": [(b - a) / 1e3 for a, b in runs], "runs": per_run, "args": args}
+    per_run: list[dict[str, list[float]]] = [defaultdict(list) for _ in runs]
+    dispatch: list[dict[str, list[float]]] = [defaultdict(list) for _ in runs]
+    between, outside = [], []
+    for i, ((start, end), run) in enumerate(zip(runs, kernels)):
+        run.sort()
+        reached, gaps = None, 0.0  # reached: the latest kernel end so far (kernels may overlap with threads)
+        for ts, te, name in run:
+            per_run[i][name].append((te - ts) / 1e3)
+            gap = max(0, ts - reached) / 1e3 if reached is not None else 0.0
+            dispatch[i][name].append(gap)
+            gaps += gap
+            reached = te if reached is None else max(reached, te)
+        between.append(gaps)
+        outside.append(max(0, run[0][0] - start + end - reached) / 1e3 if run else (end - start) / 1e3)
+    return {"model_run": [(b - a) / 1e3 for a, b in runs], "runs": per_run, "dispatch": dispatch,
+            "between": between, "outside": outside, "args": args}
+
+
+def summarize_profile(profile: dict) -> dict:
+    """End to end ({median, p90, mean}), kernel share, share with dispatch, and the overhead of a :func:`_profile`
+    result: medians over its runs."""
+    shares = [sum(map(sum, run.values())) / total for run, total in zip(profile["runs"], profile["model_run"])
+              if total > 0]
+    accounted = [(sum(map(sum, run.values())) + gaps) / total for run, gaps, total
+                 in zip(profile["runs"], profile["between"], profile["model_run"]) if total > 0]
+    return {"end": stats(profile["model_run"]), "share": stats(shares)["median"],
+            "accounted": stats(accounted)["median"],
+            "overhead": {"between_nodes_ms": stats(profile["between"])["median"],
+                         "outside_nodes_ms": stats(profile["outside"])["median"],
+                         "source": "ORT profiler: the time between consecutive kernels of a run (allocation, "
+                                   "scheduling, fences, the profiler's own bookkeeping), and before the first and "
+                                   "after the last"}}
 
 
 def _apply_profile(graph: dict, profile: dict | None, optimized: onnx.ModelProto) -> None:
@@ -400,10 +436,15 @@ def _apply_profile(graph: dict, profile: dict | None, optimized: onnx.ModelProto
             times = run.get(name, [])
             for j, node_times in enumerate(_split(times, len(nodes))):
                 series[j].append(sum(node_times))
-        for node, values in zip(nodes, series):
+        gaps = [[] for _ in nodes]
+        for run in profile["dispatch"]:
+            for j, node_gaps in enumerate(_split(run.get(name, []), len(nodes))):
+                gaps[j].append(sum(node_gaps))
+        for node, values, waits in zip(nodes, series, gaps):
             if any(v > 0 for v in values):
                 st = stats(values)
                 node.latency_ms, node.latency_p90_ms, node.latency_mean_ms = st["median"], st["p90"], st["mean"]
+                node.dispatch_ms = stats(waits)["median"]
         args = profile["args"].get(name)
         for node in nodes:
             if args:

@@ -44,6 +44,9 @@ class EngineNode:
     outputs: list[str] = field(default_factory=list)
     mapped_by: str = "names"
     order: int = 0
+    #: median per run of the engine's time right before this node since the previous node ended (ONNX Runtime:
+    #: allocation, scheduling, fences; None where the engine does not say)
+    dispatch_ms: float | None = None
 
     @property
     def fused(self) -> bool:
@@ -51,7 +54,7 @@ class EngineNode:
 
     def to_json(self) -> dict:
         doc = asdict(self)
-        for key in ("latency_ms", "latency_p90_ms", "latency_mean_ms"):
+        for key in ("latency_ms", "latency_p90_ms", "latency_mean_ms", "dispatch_ms"):
             doc[key] = _rounded(doc[key])
         return doc
 
@@ -77,6 +80,10 @@ class EngineGraph:
     #: median over the profiled runs of (node times summed in the run / the run's end to end): how much of a run
     #: the per-node times account for (below 1: the engine's own overhead between nodes; above: nodes overlapped)
     latency_share: float | None = None
+    #: like ``latency_share`` with each node's dispatch time added (where the engine gives node start times)
+    accounted_share: float | None = None
+    #: the run's time outside the node times, median per run: ``between_nodes_ms``, ``outside_nodes_ms``, ``source``
+    overhead: dict = field(default_factory=dict)
     runs: int = 0
     model: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
@@ -149,6 +156,8 @@ class EngineGraph:
                 "end_to_end_p90_ms": _rounded(self.end_to_end_p90_ms),
                 "end_to_end_mean_ms": _rounded(self.end_to_end_mean_ms), "end_to_end_source": self.end_to_end_source,
                 "latency_sum_ms": _rounded(self.latency_sum_ms), "latency_share": _rounded(self.latency_share),
+                "accounted_share": _rounded(self.accounted_share),
+                "overhead": {k: _rounded(v) if k.endswith("_ms") else v for k, v in self.overhead.items()},
                 "runs": self.runs, "model": self.model,
                 "details": self.details, "nodes": [n.to_json() for n in self.nodes], "unmapped": self.unmapped,
                 "folded": self.folded, "notes": self.notes}
@@ -164,6 +173,7 @@ class EngineGraph:
                        end_to_end_ms=doc.get("end_to_end_ms"), end_to_end_p90_ms=doc.get("end_to_end_p90_ms"),
                        end_to_end_mean_ms=doc.get("end_to_end_mean_ms"), latency_share=doc.get("latency_share"),
                        end_to_end_source=doc.get("end_to_end_source", ""), runs=int(doc.get("runs", 0)),
+                       accounted_share=doc.get("accounted_share"), overhead=dict(doc.get("overhead") or {}),
                        model=dict(doc.get("model") or {}), details=dict(doc.get("details") or {}),
                        unmapped=list(doc.get("unmapped") or []), folded=list(doc.get("folded") or []),
                        notes=list(doc.get("notes") or []))

@@ -29,6 +29,9 @@ def render(graph: EngineGraph, top: int = 10) -> str:
         lines.append(f"end to end: {_ms(graph.end_to_end_ms)} ms median, {_ms(graph.end_to_end_p90_ms)} p90, "
                      f"{_ms(graph.end_to_end_mean_ms)} mean over {graph.runs} runs ({graph.end_to_end_source})"
                      + (f"; per-node times add up to {share:.0%} of a run (median)" if share else ""))
+        over = overhead_summary(graph.overhead, graph.accounted_share)
+        if over:
+            lines.append(f"outside the node times (median per run): {over}")
     for label, key in (("providers", "provider"), ("precisions", "precision")):
         counts = Counter(getattr(n, key) or "?" for n in graph.nodes)
         lines.append(f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
@@ -39,12 +42,33 @@ def render(graph: EngineGraph, top: int = 10) -> str:
     slow = graph.slowest(top)
     if slow:
         end = graph.end_to_end_mean_ms or graph.end_to_end_ms
+        dispatch = any(n.dispatch_ms is not None for n in slow)
         lines += ["", f"slowest {len(slow)} nodes (median ms per run):", table(
-            ["node", "kind", "provider", "precision", "ms", "p90", "share", "ONNX nodes"],
-            [[n.name, n.kind, n.provider or "-", n.precision or "-", _ms(n.latency_ms), _ms(n.latency_p90_ms),
-              f"{(n.latency_mean_ms or 0) / end:.1%}" if end else "-",
-              ", ".join(n.onnx_nodes[:3]) + (f" (+{len(n.onnx_nodes) - 3})" if len(n.onnx_nodes) > 3 else "")]
+            ["node", "kind", "provider", "precision", "ms", "p90"] + (["dispatch"] if dispatch else [])
+            + ["share", "ONNX nodes"],
+            [[n.name, n.kind, n.provider or "-", n.precision or "-", _ms(n.latency_ms), _ms(n.latency_p90_ms)]
+             + ([_ms(n.dispatch_ms)] if dispatch else [])
+             + [f"{(n.latency_mean_ms or 0) / end:.1%}" if end else "-",
+                ", ".join(n.onnx_nodes[:3]) + (f" (+{len(n.onnx_nodes) - 3})" if len(n.onnx_nodes) > 3 else "")]
              for n in slow])]
     for note in graph.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def overhead_summary(overhead: dict, accounted_share: float | None = None) -> str | None:
+    """The run's time outside the node times, in words (None when not measured)."""
+    parts = [f"{_ms(overhead[k])} ms {label}" for k, label in (("between_nodes_ms", "between nodes (dispatch)"),
+                                                                ("outside_nodes_ms", "outside them"))
+             if overhead.get(k) is not None]
+    if not parts:
+        return None
+    text = ", ".join(parts)
+    if accounted_share:
+        text += f"; with each node's dispatch the nodes account for {accounted_share:.0%} of a run"
+    if overhead.get("counter_resolution_ms"):
+        text += (f" (the engine counts whole microseconds per node: up to {_ms(overhead['counter_resolution_ms'])} ms "
+                 "of that is truncation)")
+    if overhead.get("python_call_ms") is not None:
+        text += f"; {_ms(overhead['python_call_ms'])} ms more in the Python call around the run"
+    return text

@@ -35,6 +35,8 @@ def _hover(r: dict) -> str:
             f"<br>{len(onnx)} ONNX node(s): {esc(', '.join(onnx[:4]))}{' ...' if len(onnx) > 4 else ''}")
     if r.get("latency_ms") is not None:
         text += f"<br>{r['latency_ms']:.3f} ms median, p90 {(r.get('latency_p90_ms') or 0):.3f} ms"
+    if r.get("dispatch_ms"):
+        text += f"<br>+ {r['dispatch_ms']:.3f} ms dispatch before it"
     if r.get("error") is not None:
         text += f"<br>{esc(r['metric'])} {r['error']:.4g} at {esc(r['tensor'])}"
     if r.get("fell_back"):

@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..engine_graphs.text import overhead_summary
 from .html import _e, _figure, _kv, _num, _table, page, require_plotly
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,11 @@ def _summary(graph: Any, doc: dict) -> str:
                                    f"<span class='muted'>({_e(graph.end_to_end_source)})</span>"))
         if share is not None:
             rows.append(("per-node times", _e(f"add up to {share:.0%} of a run (median over runs)")))
+        over = doc.get("overhead") or {}
+        words = overhead_summary(over, doc.get("accounted_share"))
+        if words:
+            rows.append(("outside the node times", _e(words)
+                         + (f" <span class='muted'>({_e(over['source'])})</span>" if over.get("source") else "")))
     else:
         rows.append(("end to end", "<span class='muted'>not measured</span>"))
     return _kv(rows)

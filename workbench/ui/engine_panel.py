@@ -12,6 +12,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..engine_graphs.layers import layer_rows
+from ..engine_graphs.text import overhead_summary
 from ..plots.engine_graph import slowest_layers
 from .figures import clear, show_figure
 from .jobs import JobControls
@@ -130,6 +131,7 @@ class EnginePanel(widgets.VBox):
                            "unmapped)"),
             ("end to end", "-" if graph.end_to_end_ms is None else
              f"{graph.end_to_end_ms:.3f} ms median over {graph.runs} runs ({graph.end_to_end_source})"),
+            ("outside the nodes", overhead_summary(graph.overhead, graph.accounted_share) or "-"),
             ("notes", "; ".join(graph.notes) or "-"),
         ])
         shown = rows[:self.top]

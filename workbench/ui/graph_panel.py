@@ -4,8 +4,9 @@ latency) and the fused-group boxes come from the state's ``engine_graph``: the l
 Engine tab. The view (pan and zoom) stays where the user put it when the overlay changes, a scope opens or a
 result arrives; it is framed again only for a new model, a new detail level, a focus and "Whole graph".
 "hide Identity/Constant" (on by default) leaves those nodes out, bridging the edges through an Identity; the
-selected node is described below the graph like Netron does (op type, domain, attributes with values, typed
-inputs and outputs)."""
+selected node is described in a side pane to the right of the graph like Netron does (op type, domain, attributes
+with values, typed inputs and outputs): as tall as the graph, scrolling on its own, so it reads without scrolling
+the page."""
 
 from __future__ import annotations
 
@@ -40,6 +41,18 @@ STATIC_OVERLAYS = ("op_type", "precision")
 MAX_MATCHES = 50
 #: matches listed under the search box
 MAX_LISTED = 200
+#: the inspector pane right of the graph: its width, and how much taller than the canvas it may grow (the graph's
+#: toolbar above the canvas)
+PANE_WIDTH = 340
+TOOLBAR_HEIGHT = 32
+#: the narrowest the graph gets beside the pane
+MIN_GRAPH_WIDTH = 320
+#: the inspector pane with no node selected
+HINT = "Click a node to inspect it"
+#: longer values are cut (with an ellipsis) in the inspector; the whole value is in the cell's tooltip
+MAX_SHOWN = 300
+#: the most of a value a tooltip holds
+MAX_TITLE = 4000
 
 
 class GraphPanel(widgets.VBox):
@@ -77,7 +90,18 @@ class GraphPanel(widgets.VBox):
                                       layout=widgets.Layout(width="130px"))
         self.message = widgets.HTML("")
         self.overlay_note = widgets.HTML("")
-        self.info = widgets.HTML("")
+        self.info = widgets.HTML(hint_html())
+        self.info.add_class("wb-graph-info")
+        self.side = widgets.VBox([self.info], layout=widgets.Layout(
+            width=f"{PANE_WIDTH}px", min_width=f"{PANE_WIDTH}px", flex=f"0 0 {PANE_WIDTH}px",
+            max_height=f"{height + TOOLBAR_HEIGHT}px", overflow="auto"))
+        self.side.add_class("wb-graph-side")
+        # the graph takes the width the pane leaves (flex basis 0: never its last drawn width); in an output
+        # narrower than MIN_GRAPH_WIDTH + the pane, the pane goes under the graph
+        self.canvas.layout = widgets.Layout(flex="1 1 0px", width="auto", min_width=f"{MIN_GRAPH_WIDTH}px")
+        self.body = widgets.HBox([self.canvas, self.side], layout=widgets.Layout(
+            width="100%", align_items="flex-start", flex_flow="row wrap"))
+        self.body.add_class("wb-graph-body")
         self.show_errors = widgets.Button(description="Show in Errors", icon="line-chart", disabled=True)
         self.matches: list[str] = []
         self._quiet_query = False
@@ -90,6 +114,7 @@ class GraphPanel(widgets.VBox):
         self.reset_button.on_click(lambda _: self.whole_graph())
         self.show_errors.on_click(lambda _: self.state.request_show("errors"))
         self.canvas.observe(self._on_canvas_select, "selected")
+        self.canvas.observe(self._on_height, "height")
         self.canvas.on_msg(self._on_canvas_msg)
         self.state.observe(self._on_model, "model")
         self.state.observe(self._on_result, "result")
@@ -97,7 +122,7 @@ class GraphPanel(widgets.VBox):
         self.state.observe(self._on_engine, "engine_graph")
         bar1 = widgets.HBox([self.overlay, self.depth, self.fused])
         bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.hide_trivial, self.show_errors])
-        super().__init__([style_tag(), bar1, bar2, self.message, self.overlay_note, self.canvas, self.info])
+        super().__init__([style_tag(), bar1, bar2, self.message, self.overlay_note, self.body])
         self.add_class("wb-root")
         self._on_model()
         if self.state.engine_graph is not None:
@@ -111,6 +136,7 @@ class GraphPanel(widgets.VBox):
     def _on_model(self, _change: Any = None) -> None:
         model = self.state.model
         self.expanded, self.focus, self.matches = set(), None, []
+        self.info.value = hint_html()
         self.canvas.matches, self.canvas.match_total = [], 0
         if model is None:
             self.view = None
@@ -187,6 +213,9 @@ class GraphPanel(widgets.VBox):
             self.refresh()
         self.canvas.selected = name
         self._describe(name)
+
+    def _on_height(self, change: dict) -> None:
+        self.side.layout.max_height = f"{int(change['new'] or 560) + TOOLBAR_HEIGHT}px"
 
     def _depth(self) -> int | None:
         return None if self.depth.value in (None, -1) else int(self.depth.value)
@@ -337,12 +366,12 @@ class GraphPanel(widgets.VBox):
         if kept:
             self._describe(kept)
         else:
-            self.info.value = ""
+            self.info.value = hint_html()
 
     def _describe(self, name: str) -> None:
         model, result = self.state.model, self.state.result
         node = model.graph.node(name)
-        lines = [f"<b>{html.escape(name)}</b> ({html.escape(node.op_type)}, #{node.topo_index})"]
+        lines = [f"{_text(name, 'b')} ({html.escape(node.op_type)}, #{node.topo_index})"]
         compared = False
         if result is not None:
             for t in result.tensors:
@@ -368,20 +397,36 @@ class GraphPanel(widgets.VBox):
         self.info.value = "<div class='wb-culprit'>" + "<br>".join(lines) + "</div>" + inspector
 
 
+def hint_html() -> str:
+    """The inspector pane with nothing selected."""
+    return f"<div class='wb-graph-hint'>{html.escape(HINT)}</div>"
+
+
+def _text(value: Any, tag: str = "span", cls: str = "") -> str:
+    """``value`` escaped in a ``tag``: cut to MAX_SHOWN characters (an ellipsis), the whole value (up to MAX_TITLE)
+    in its tooltip, so that a long name or a big tensor never widens the pane."""
+    value = str(value)
+    shown = value if len(value) <= MAX_SHOWN else value[:MAX_SHOWN - 1] + "\u2026"
+    title = value if len(value) <= MAX_TITLE else value[:MAX_TITLE - 1] + "\u2026"
+    attrs = (f" class='{cls}'" if cls else "") + f" title='{html.escape(title, quote=True)}'"
+    return f"<{tag}{attrs}>{html.escape(shown)}</{tag}>"
+
+
 def inspector_html(d: dict) -> str:
     """The node inspector (like Netron's): op type and domain, attributes with values, inputs and outputs with
-    dtype and shape (an initializer's first values), as a table."""
+    dtype and shape (an initializer's first values), as a table. Long names and values wrap (or are cut, the
+    whole value in the tooltip); colours come from the theme (static/workbench.css, ``.wb-inspector``)."""
     e = html.escape
-    muted = "<span style='color: var(--jp-ui-font-color2)'>"
-    rows = [f"<tr><th>type</th><td><b>{e(d['op_type'])}</b> {muted}{e(d['domain'])}</span></td></tr>"]
+    rows = [f"<tr><th>type</th><td><b>{e(d['op_type'])}</b> <span class='wb-muted'>{e(d['domain'])}</span>"
+            "</td></tr>"]
     rows.append(f"<tr><th colspan=2>attributes ({len(d['attributes'])})</th></tr>")
-    rows += [f"<tr><td>{e(a['name'])}</td><td><code>{e(a['value'])}</code> "
-             f"{muted}{e(a['type'])}</span></td></tr>" for a in d["attributes"]]
+    rows += [f"<tr><td>{_text(a['name'])}</td><td>{_text(a['value'], 'code')} "
+             f"<span class='wb-muted'>{e(a['type'])}</span></td></tr>" for a in d["attributes"]]
     for part in ("inputs", "outputs"):
         rows.append(f"<tr><th colspan=2>{part} ({len(d[part])})</th></tr>")
         for t in d[part]:
-            value = f"<br><code>{e(t['value'])}</code>" if t.get("value") else ""
-            kind = f" {muted}{e(t['kind'])}</span>" if t["kind"] not in ("", "intermediate") else ""
-            rows.append(f"<tr><td>{e(t['name'])}</td><td>{e(t['type'] or '?')}{kind}{value}</td></tr>")
-    return ("<table class='wb-inspector' style='border-collapse: collapse; margin-top: 4px; text-align: left; "
-            "color: var(--jp-ui-font-color1)'>" + "".join(rows) + "</table>")
+            value = f"<br>{_text(t['value'], 'code')}" if t.get("value") else ""
+            kind = f" <span class='wb-muted'>{e(t['kind'])}</span>" if t["kind"] not in ("", "intermediate") else ""
+            rows.append(f"<tr><td>{_text(t['name'])}</td><td>{_text(t['type'] or '?')}{kind}{value}</td></tr>")
+    return ("<table class='wb-inspector'><colgroup><col class='wb-inspector-key'><col></colgroup>"
+            + "".join(rows) + "</table>")
