@@ -279,6 +279,8 @@ class ComparePanel(widgets.VBox):
         A run replaces the current result: the results area (here, and the result the other panels show) is
         cleared when it starts, and stays cleared with the reason after a Cancel or a failure, so no panel shows
         culprits of an earlier run (maybe of another engine pair) as if they were this one's."""
+        from pathlib import Path
+
         from ..compare.api import compare
 
         if self.jobs.running:
@@ -292,7 +294,8 @@ class ComparePanel(widgets.VBox):
             self.jobs.status.value = error_html(e, "the comparison")
             return None
         reference, candidate, mode = self.reference, self.candidate, self.mode.value
-        what = f"{candidate} against {reference} on {html.unescape(self.inputs.describe())}"
+        named = f"{Path(cand_file).name} on {candidate}" if cand_file else candidate  # the user's file by its name
+        what = f"{named} against {reference} on {html.unescape(self.inputs.describe())}"
         self.state.result = None  # every panel drops the previous result (its observers clear them)
         self.show_result(None)
         self.summary.value = message_html(f"comparing {what}...", "info")
@@ -491,7 +494,16 @@ def _stamp(result: Any) -> str:
 def _run_label(result: Any) -> str:
     name = (result.model or {}).get("name") or ""
     verdict = "DIVERGED" if result.diverged else "ok"
-    return f"{result.candidate} vs {result.reference}" + (f" on {name}" if name else "") + f": {verdict}"
+    return f"{_candidate_label(result)} vs {result.reference}" + (f" on {name}" if name else "") + f": {verdict}"
+
+
+def _candidate_label(result: Any) -> str:
+    """The candidate as the user knows it: their own file by name on its engine ("my_fp16.onnx on ort") when the
+    result ran one (else "ort against ort" would read as the model against itself), else the spec ("ort:fp16")."""
+    variant = result.variant or {}
+    if variant.get("variant") == "user model" and variant.get("file"):
+        return f"{variant['file']} on {result.candidate}"
+    return str(result.candidate)
 
 
 def _precision_html(precision: dict, what: str) -> str:
@@ -530,7 +542,7 @@ def verdict_html(result: Any) -> str:
     crit = result.criterion
     m = crit.metric
     verdict = result.verdict()
-    lines = [f"<b>{html.escape(result.candidate)}</b> against <b>{html.escape(result.reference)}</b>, "
+    lines = [f"<b>{html.escape(_candidate_label(result))}</b> against <b>{html.escape(result.reference)}</b>, "
              f"{len(result.tensors)} tensors compared ({html.escape(result.mode)}), criterion: "
              f"{html.escape(crit.describe())}, {result.timing.get('total_s', 0):.2f} s",
              _precision_html(result.precision or {}, "inferred")]
