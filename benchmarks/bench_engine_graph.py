@@ -67,7 +67,7 @@ graph = engine_graph(model, engine, feeds={"x": x}, runs=runs)
 print(json.dumps({"run_ms": graph.end_to_end_ms, "wall_run_ms": graph.details.get("wall_ms"),
                   "end_to_end_source": graph.end_to_end_source,
                   "nodes": len(graph.nodes), "fused": len(graph.fused_nodes),
-                  "latency_share": graph.latency_share}))
+                  "latency_share": graph.latency_share, "accounted_share": graph.accounted_share}))
 """
 
 
@@ -113,7 +113,8 @@ def main() -> None:
                   f"({prof['run_ms'] / plain['run_ms']:.2f}x)   process {plain['wall_s']:6.2f} -> "
                   f"{prof['wall_s']:6.2f} s ({prof['wall_s'] / plain['wall_s']:.2f}x)   peak RSS "
                   f"{plain['rss_mib']:7.1f} -> {prof['rss_mib']:7.1f} MiB ({prof['rss_mib'] / plain['rss_mib']:.2f}x)"
-                  f"   {prof['nodes']} nodes, {prof['fused']} fused, node times {prof['latency_share']:.0%} of run",
+                  f"   {prof['nodes']} nodes, {prof['fused']} fused, node times {prof['latency_share']:.0%} of run"
+                  + (f" ({prof['accounted_share']:.0%} with dispatch)" if prof.get("accounted_share") else ""),
                   flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")

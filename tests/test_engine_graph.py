@@ -240,6 +240,9 @@ def test_ppocr_node_latencies_add_up_to_the_run(name, fetch_model):
     assert parts == pytest.approx(ort.end_to_end_ms, rel=0.1)
     assert all(n.provider == "CPUExecutionProvider" and n.latency_ms is not None for n in ort.nodes)
     assert all(n.dispatch_ms is not None and n.dispatch_ms >= 0 for n in ort.nodes)
+    # what profiling costs: the same session's runs once its profiler ended
+    assert ort.details["unprofiled_wall_ms"] > 0 and ort.overhead["profiler_ms"] == pytest.approx(
+        ort.details["wall_ms"] - ort.details["unprofiled_wall_ms"])
     assert ort.latency_sum_ms == pytest.approx(sum(n.latency_mean_ms for n in ort.nodes))
     ov = engine_graph(path, "openvino", feeds=feeds, runs=20)
     # OpenVINO gives no node start times and counts whole microseconds per node: on the classifier (~85 executed

@@ -125,6 +125,12 @@ def _notes(graph: EngineGraph) -> None:
                            f"provider: {', '.join(sorted({n.provider for n in falls}))} (e.g. {falls[0].name})")
     if graph.unmapped:
         graph.notes.append(f"{len(graph.unmapped)} ONNX node(s) mapped to no executed node (see 'unmapped')")
+    plain, cost = graph.details.get("unprofiled_wall_ms"), graph.overhead.get("profiler_ms")
+    if plain and cost is not None and cost > 0.15 * plain:
+        per_node = 1e3 * cost / max(1, len(graph.nodes))
+        graph.notes.append(f"the profiler made each run {cost:.3g} ms slower ({(plain + cost) / plain:.2f}x the "
+                           f"unprofiled {plain:.3g} ms): each node's time includes about {per_node:.1f} us of its "
+                           "cost, which matters for short kernels")
     share = graph.latency_share
     if share is not None and share > 1.05:
         graph.notes.append(f"per-node times add up to {share:.0%} of a run: the engine ran nodes concurrently (more "

@@ -106,7 +106,8 @@ def openvino_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: in
     left_out = [f"{other} feed(s) of other input shapes than the first were left out: the engine is compiled at "
                 "one shape"] if other else []
     return EngineGraph(
-        engine="openvino", notes=left_out, nodes=mapped["nodes"], end_to_end_ms=end["median"], end_to_end_p90_ms=end["p90"],
+        engine="openvino", notes=left_out, nodes=mapped["nodes"], end_to_end_ms=end["median"],
+        end_to_end_p90_ms=end["p90"],
         end_to_end_mean_ms=end["mean"], latency_share=stats(shares)["median"] if runs else None,
         overhead=overhead,
         end_to_end_source=("" if not runs else "OpenVINO's own time of each infer() on the profiled runs "

@@ -32,6 +32,9 @@ def render(graph: EngineGraph, top: int = 10) -> str:
         over = overhead_summary(graph.overhead, graph.accounted_share)
         if over:
             lines.append(f"outside the node times (median per run): {over}")
+        if d.get("unprofiled_wall_ms") is not None and d.get("wall_ms") is not None:
+            lines.append(f"profiling: a run took {_ms(d['wall_ms'])} ms profiled, {_ms(d['unprofiled_wall_ms'])} ms "
+                         "unprofiled (wall, median; the same session once its profiler ended)")
     for label, key in (("providers", "provider"), ("precisions", "precision")):
         counts = Counter(getattr(n, key) or "?" for n in graph.nodes)
         lines.append(f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))

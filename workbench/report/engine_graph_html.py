@@ -97,6 +97,9 @@ def _summary(graph: Any, doc: dict) -> str:
         if words:
             rows.append(("outside the node times", _e(words)
                          + (f" <span class='muted'>({_e(over['source'])})</span>" if over.get("source") else "")))
+        if d.get("unprofiled_wall_ms") is not None and d.get("wall_ms") is not None:
+            rows.append(("profiling", _e(f"a run took {_num(d['wall_ms'])} ms profiled, {_num(d['unprofiled_wall_ms'])}"
+                                         " ms unprofiled (wall, median; the same session once its profiler ended)")))
     else:
         rows.append(("end to end", "<span class='muted'>not measured</span>"))
     return _kv(rows)
