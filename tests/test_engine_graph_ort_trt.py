@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
+from test_engine_graph import trt_model
 
 from workbench.engine_graphs.onnx_side import OnnxGraph
 from workbench.engine_graphs.ort_trt_graph import from_ort_trt_records, load_subgraphs, ort_trt_engine_graph
@@ -25,28 +26,9 @@ TRT_NODES = {T0: ["/conv1/Conv", "/relu1/Relu", "/conv2/Conv", "/add/Add"], T1: 
 
 
 def tiny_model() -> onnx.ModelProto:
-    """Conv, Relu, Conv, residual Add (TensorRT EP subgraph 0), GlobalAveragePool (CUDA EP), Flatten (CPU
-    fallback), Gemm, Softmax (TensorRT EP subgraph 1), named as torch.onnx names them."""
-    rng = np.random.default_rng(0)
-    w = {k: numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), k) for k, s in
-         (("w1", (8, 3, 3, 3)), ("w2", (8, 8, 3, 3)), ("wf", (4, 8)), ("bf", (4,)))}
-    t = "{}_output_0".format
-    nodes = [
-        helper.make_node("Conv", ["x", "w1"], [t("/conv1/Conv")], "/conv1/Conv", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", [t("/conv1/Conv")], [t("/relu1/Relu")], "/relu1/Relu"),
-        helper.make_node("Conv", [t("/relu1/Relu"), "w2"], [t("/conv2/Conv")], "/conv2/Conv", pads=[1, 1, 1, 1]),
-        helper.make_node("Add", [t("/conv2/Conv"), t("/relu1/Relu")], [t("/add/Add")], "/add/Add"),
-        helper.make_node("GlobalAveragePool", [t("/add/Add")], [t("/pool/GlobalAveragePool")],
-                         "/pool/GlobalAveragePool"),
-        helper.make_node("Flatten", [t("/pool/GlobalAveragePool")], [t("/flatten/Flatten")], "/flatten/Flatten"),
-        helper.make_node("Gemm", [t("/flatten/Flatten"), "wf", "bf"], [t("/fc/Gemm")], "/fc/Gemm", transB=1),
-        helper.make_node("Softmax", [t("/fc/Gemm")], ["y"], "/softmax/Softmax"),
-    ]
-    graph = helper.make_graph(nodes, "trt-tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], list(w.values()))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    """tests/test_engine_graph.py's model (graph "trt-tiny"): Conv, Relu, Conv, residual Add (TensorRT EP subgraph 0
+    here), GlobalAveragePool (CUDA EP), Flatten (CPU fallback), Gemm, Softmax (TensorRT EP subgraph 1)."""
+    return trt_model()
 
 
 def dumped(model: onnx.ModelProto, names: list[str], *, keep_names: bool = True) -> onnx.ModelProto:
