@@ -256,7 +256,8 @@ def _fp16_copy(dest: Path) -> Path:
 
 def _summary_text(wb, file_name: str) -> str:
     """The Compare panel's result once it names ``file_name`` (the user's candidate), as text."""
-    summary = wb.locator(".widget-html", has_text=f"your file {file_name} ").first
+    # "tensors compared": the verdict, not the "expected precision" line (which names the file too)
+    summary = wb.locator(".widget-html", has_text=f"your file {file_name}").filter(has_text="tensors compared").first
     summary.wait_for(timeout=180_000)
     return summary.inner_text()
 
@@ -265,7 +266,10 @@ def test_compare_runs_your_own_candidate_typed_or_uploaded(lab_page, artifacts):
     """A user's steps: type the path of their own FP16 export in "cand. file", Run: the result names the file and
     compares it (FP16, clamped: DIVERGED at the clamped BatchNormalization), not the model against itself (the
     sample model typed the same way: ok). Then upload another copy with the upload control (its button, then the
-    browser's file chooser), Run: the result names the uploaded file."""
+    browser's file chooser), Run: the result names the uploaded file. Before each Run, the "expected precision"
+    line names the file and reads its precision from it (fp32 for the sample, fp16 for the exports, whatever the
+    precision picker says), and once a result is shown, changing the file warns that the result is out of date
+    (until Run)."""
     lab, page, errors = lab_page
     typed = _fp16_copy(lab.root / "candidates" / "typed_fp16.onnx")
     uploaded = _fp16_copy(lab.root / "uploads" / "uploaded_fp16.onnx")
@@ -278,24 +282,43 @@ def test_compare_runs_your_own_candidate_typed_or_uploaded(lab_page, artifacts):
     path_box = wb.locator(".widget-text", has_text="cand. file").locator("input")
     note = wb.locator(".widget-html", has_text="runs your file")
     run = wb.locator("button", has_text="Run").first
+    expected = wb.locator(".widget-html", has_text="expected precision:")
+    stale = wb.locator(".widget-html", has_text="the results below compare")
 
-    def run_with(path: Path) -> str:
+    def check_before_run(path: Path, precision: str, ran: str | None) -> None:
+        """The expected-precision line names the file and its own precision; with the result of another file
+        (``ran``) shown, the out-of-date warning says so."""
+        line = expected.filter(has_text=f"your file {path.name}").first
+        line.wait_for(timeout=60_000)
+        said = line.inner_text()
+        assert re.search(rf"candidate {precision} \(read from your file {re.escape(path.name)}\b", said), said
+        assert "variant the workbench makes" not in said.split("candidate", 1)[-1], said
+        if ran is not None:
+            warn = stale.filter(has_text=f"now say {path.name} on ort against ort").first
+            warn.wait_for(timeout=60_000)
+            assert f"compare {ran} on ort against ort" in warn.inner_text(), warn.inner_text()
+
+    def run_with(path: Path, precision: str, ran: str | None = None) -> str:
         path_box.fill(str(path))
         path_box.press("Tab")
         # the kernel has a path (the panel says the file is what runs); the new one before the click: widget
         # messages reach the kernel in order, and the result is awaited by the file's name
         note.first.wait_for(timeout=60_000)
+        check_before_run(path, precision, ran)
         page.wait_for_function("b => !b.disabled", arg=run.element_handle(), timeout=60_000)
         run.click()
-        return _summary_text(wb, path.name)
+        text = _summary_text(wb, path.name)
+        stale.first.wait_for(state="hidden", timeout=60_000)  # the result shown is the file's: not out of date
+        return text
 
     # control: the sample model itself typed as the candidate is the model against itself: nothing diverges
-    same = run_with((SAMPLES / "fp16_clamp_constant.onnx").resolve())
+    # (the precision picker still says fp16: the file is fp32, and "expected precision" says so)
+    same = run_with((SAMPLES / "fp16_clamp_constant.onnx").resolve(), "fp32")
     assert "ok: every output passes" in same and "DIVERGED" not in same, same
     assert re.search(r"candidate fp32\b", same), same
 
     # (a) typed: the FP16 export runs, and the result says so
-    text = run_with(typed)
+    text = run_with(typed, "fp16", ran="fp16_clamp_constant.onnx")
     H.screenshot(page, artifacts, "candidate-typed")
     assert "your file typed_fp16.onnx" in text, text
     assert "DIVERGED" in text and f"first divergent: {CULPRIT}" in text, text
@@ -316,8 +339,10 @@ def test_compare_runs_your_own_candidate_typed_or_uploaded(lab_page, artifacts):
     page.wait_for_function("(i) => i.value.endsWith('/uploaded_fp16.onnx') && i.value.includes('workbench-upload-')",
                            arg=path_box.element_handle(), timeout=60_000)
     note.first.wait_for(timeout=60_000)
+    check_before_run(uploaded, "fp16", ran="typed_fp16.onnx")
     run.click()
     text = _summary_text(wb, "uploaded_fp16.onnx")
+    stale.first.wait_for(state="hidden", timeout=60_000)
     H.screenshot(page, artifacts, "candidate-uploaded")
     assert next(line for line in text.splitlines() if "tensors compared" in line).startswith(
         "uploaded_fp16.onnx on ort against ort,"), text

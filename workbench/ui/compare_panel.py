@@ -22,7 +22,7 @@ from .engine_pair import EnginePair
 from .fallbacks import fallback_notes
 from .inputs_box import InputsBox
 from .jobs import JobControls
-from .messages import error_html, fallback_repr, message_html
+from .messages import error_html, error_text, fallback_repr, message_html
 from .state import WorkbenchState
 from .style import heading, style_tag
 from .tables import table_html
@@ -57,6 +57,7 @@ class ComparePanel(widgets.VBox):
         self.cand_file.observe(lambda _: self._on_engine(), "value")
         self.precision = widgets.HTML()
         self._model_precision: tuple[str, Any] | None = None  # (fingerprint, Precision) of the loaded model
+        self._file_info: tuple[tuple, dict] | None = None  # ((path, size, mtime), what the candidate file is)
         self.inputs = InputsBox(state=self.state)
         self.metric = widgets.Dropdown(options=[AUTO_METRIC, *JUDGED],
                                        value=AUTO_METRIC, description="metric", layout=widgets.Layout(width="360px"))
@@ -161,22 +162,59 @@ class ComparePanel(widgets.VBox):
         dest.write_bytes(bytes(item["content"]))
         self.cand_file.value = str(dest)
 
+    def candidate_file_info(self) -> dict | None:
+        """What the candidate file typed or uploaded is, read from the file itself (cached while its path, size and
+        modification time stay the same): None without one; else ``{"path", "name"}`` and either ``"sha256"``
+        (its content fingerprint, as the comparison records it) and ``"precision"`` (inferred by the core from
+        its weights/types, as the comparison does), or ``"error"`` (one line: why it cannot be read)."""
+        from pathlib import Path
+
+        from ..model.load import load_model
+        from ..model.precision import Precision, infer_precision
+
+        text = self.cand_file.value.strip()
+        if not text:
+            return None
+        path = Path(text).expanduser()
+        try:
+            st = path.stat()
+            key: tuple = (str(path.absolute()), st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = (str(path.absolute()), None, None)
+        if self._file_info is not None and self._file_info[0] == key:
+            return self._file_info[1]
+        info: dict = {"path": str(path), "name": path.name}
+        try:
+            loaded = load_model(path)
+            inferred = infer_precision(loaded.proto)
+            info["sha256"] = loaded.fingerprint
+            info["precision"] = Precision(inferred.precision, f"read from your file {path.name}: {inferred.source}")
+        except Exception as e:  # noqa: BLE001 - shown as one line; the run says it again
+            info["error"] = error_text(e).splitlines()[0] if str(e) else type(e).__name__
+        self._file_info = (key, info)
+        return info
+
     def _on_engine(self, _change: Any = None) -> None:
-        problems = self.pair.problems(self.state.model)
+        info = self.candidate_file_info()
+        problems = self.pair.problems(self.state.model, candidate_variant=info is None)
         hints = []
-        if self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
+        # hints about the candidate pickers only while they decide what runs (a file overrides them)
+        if info is None and self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
             hints.append("ONNX Runtime's CPU provider computes most FP16 ops in FP32: converter clamps show, FP16 "
                          "arithmetic overflow does not; 'ref' + fp16 emulates FP16 arithmetic on the CPU.")
-        if self.cand_file.value.strip():
+        if info is not None:
             hints.append(f"the candidate runs your file on {self.cand_engine.value} (its precision is read from the "
                          f"file; the precision picker is ignored): tensors are matched by name")
-        if "int8" in (self.ref_variant.value, self.cand_variant.value):
+        if "int8" in (self.ref_variant.value, self.cand_variant.value if info is None else None):
             hints.append("INT8 is a Q/DQ model calibrated on the comparison's own inputs unless you calibrate in the "
                          "Calibration panel and compare its QDQ export.")
         self.engine_note.value = "".join(message_html(p, "error") for p in problems) + \
             "".join(message_html(h, "info") for h in hints)
         self.run_button.disabled = bool(problems)
         self.precision.value = _precision_html(self.expected_precision(), "expected")
+        if info is not None and "error" in info:
+            self.precision.value += message_html(f"candidate file {info['name']} cannot be read: {info['error']}",
+                                                 "warn")
         if self.metric.value == AUTO_METRIC:
             self._on_metric()
         self._mark_stale()
@@ -197,13 +235,29 @@ class ComparePanel(widgets.VBox):
             notes = []
         self.provider_note.value = "".join(message_html(text, level) for level, text in notes)
 
+    def _chosen_file(self) -> tuple | None:
+        """The candidate file the panel now names, as a result records it: (name, sha256), or (path, the reason it
+        cannot be read); None without one."""
+        info = self.candidate_file_info()
+        if info is None:
+            return None
+        return (info["name"], info["sha256"]) if "sha256" in info else (info["path"], info["error"])
+
     def _mark_stale(self) -> None:
-        """Say so when the result shown is of another engine pair than the pickers now show."""
+        """Say so when the result shown is of another engine pair, or another candidate file (by name and content:
+        an upload is a new copy each time), than the pickers now show."""
         result = self.state.result
-        if result is not None and (result.reference, result.candidate) != (self.reference, self.candidate):
+        if result is None:
+            self.stale_note.value = ""
+            return
+        ran = _result_file(result)
+        chosen = self._chosen_file()
+        if (result.reference, result.candidate, ran) != (self.reference, self.candidate, chosen):
+            now = f"{chosen[0]} on {self.candidate}" if chosen is not None else self.candidate
+            what = "the engines and candidate file above" if (ran or chosen) else "the engines above"
             self.stale_note.value = message_html(
-                f"the results below compare {result.candidate} against {result.reference}; the engines above now "
-                f"say {self.candidate} against {self.reference}: press Run to compare those", "warn")
+                f"the results below compare {_candidate_label(result)} against {result.reference}; {what} now "
+                f"say {now} against {self.reference}: press Run to compare those", "warn")
         else:
             self.stale_note.value = ""
 
@@ -214,8 +268,12 @@ class ComparePanel(widgets.VBox):
         from ..model.precision import Precision
 
         out = {}
+        info = self.candidate_file_info()
         for side, variant in (("reference", self.ref_variant.value), ("candidate", self.cand_variant.value)):
-            if variant != "fp32":
+            if side == "candidate" and info is not None:  # the user's file runs: its own precision, if readable
+                if "precision" in info:
+                    out[side] = info["precision"]
+            elif variant != "fp32":
                 out[side] = Precision(variant, f"the {variant} variant the workbench makes of the model")
             else:
                 loaded = self._loaded_precision()
@@ -246,7 +304,11 @@ class ComparePanel(widgets.VBox):
         prec = self.expected_precision()
         if len(prec) == 2:
             return Criterion.default_for(lossier(prec["reference"], prec["candidate"]).family)
-        return Criterion.default_for(prec["candidate"].family if "candidate" in prec else self.cand_variant.value)
+        if "candidate" in prec:
+            return Criterion.default_for(prec["candidate"].family)
+        if self.cand_file.value.strip():  # an unreadable file: no guess from the ignored precision picker
+            return Criterion.default_for(prec["reference"].family if "reference" in prec else "fp32")
+        return Criterion.default_for(self.cand_variant.value)
 
     def _on_metric(self, _change: Any = None) -> None:
         if self.metric.value == AUTO_METRIC:
@@ -255,6 +317,8 @@ class ComparePanel(widgets.VBox):
             self.threshold.disabled = True
             self.threshold.value = crit.threshold
             why = f" (the candidate computes in {cand.precision}: {cand.source})" if cand is not None else ""
+            if cand is None and self.cand_file.value.strip():
+                why = " (the candidate file cannot be read: its precision is not known yet)"
             self.tolerance_note.value = message_html(f"diverged when {crit.describe()}{why}; each run infers the "
                                                      "precision from the model it runs", "info")
         else:
@@ -495,6 +559,14 @@ def _run_label(result: Any) -> str:
     name = (result.model or {}).get("name") or ""
     verdict = "DIVERGED" if result.diverged else "ok"
     return f"{_candidate_label(result)} vs {result.reference}" + (f" on {name}" if name else "") + f": {verdict}"
+
+
+def _result_file(result: Any) -> tuple | None:
+    """The user's candidate file a result ran, as (name, sha256); None when it ran the precision picker's."""
+    variant = result.variant or {}
+    if variant.get("variant") != "user model":
+        return None
+    return (variant.get("file"), variant.get("sha256"))
 
 
 def _candidate_label(result: Any) -> str:

@@ -48,15 +48,18 @@ class EnginePair:
         for w in (self.ref_engine, self.ref_variant, self.cand_engine, self.cand_variant):
             w.observe(handler, "value")
 
-    def problems(self, model=None) -> list[str]:
-        """Why the chosen pair cannot run here on ``model`` (a LoadedModel; empty: it can)."""
+    def problems(self, model=None, *, candidate_variant: bool = True) -> list[str]:
+        """Why the chosen pair cannot run here on ``model`` (a LoadedModel; empty: it can). ``candidate_variant``
+        False: the candidate variant picker is ignored (the user's own candidate file is already the variant)."""
         chosen = dict.fromkeys([self.ref_engine.value, self.cand_engine.value])
         out = [f"{name}: {self.engines[name]['reason']}" for name in chosen if not self.engines[name]["available"]]
         if "torch" in chosen and model is not None and getattr(model, "source", None) != "torch":
             out.append("torch: runs torch.nn.Module models only; this model was loaded from ONNX (pick ort, ref or "
                        "openvino, or load the nn.Module)")
-        for engine, variant in ((self.ref_engine.value, self.ref_variant.value),
-                                (self.cand_engine.value, self.cand_variant.value)):
+        sides = [(self.ref_engine.value, self.ref_variant.value)]
+        if candidate_variant:
+            sides.append((self.cand_engine.value, self.cand_variant.value))
+        for engine, variant in sides:
             variants = self.engines[engine].get("variants") or VARIANTS
             if variant not in variants:
                 hint = " (use ort:int8)" if engine == "ref" and variant == "int8" else ""
