@@ -52,3 +52,63 @@ def lab_browser(lab, artifacts: Path):
         finally:
             (artifacts / "jupyterlab.log").write_bytes(lab.log_path.read_bytes())
             browser.close()
+
+
+def module_fixtures(name: str, notebooks: tuple[str, ...] = ()):
+    """The module-scoped fixtures most browser modules need: ``artifacts`` (the screenshot folder NAME) and
+    ``lab_page`` ((lab, page, errors): a JupyterLab serving ``notebooks`` and a Chromium page on it). Use as
+    ``artifacts, lab_page = B.module_fixtures("browser-errors")``."""
+    @pytest.fixture(scope="module")
+    def artifacts() -> Path:
+        return artifacts_folder(name)
+
+    @pytest.fixture(scope="module")
+    def lab_page(artifacts):
+        require_browser()
+        lab = H.JupyterLab(notebooks=list(notebooks))
+        with lab_browser(lab, artifacts) as (page, errors):
+            yield lab, page, errors
+
+    return artifacts, lab_page
+
+
+#: (contrast ratio of an element's text against what is behind it, WCAG style); used on headings, buttons, plots
+CONTRAST_JS = """
+(() => {
+  const parse = (c) => { const m = /rgba?\\(([^)]+)\\)/.exec(c || ''); if (!m) return null;
+    const p = m[1].split(',').map(s => parseFloat(s));
+    return {r: p[0], g: p[1], b: p[2], a: p.length > 3 ? p[3] : 1}; };
+  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(c.r) + 0.7152 * f(c.g) + 0.0722 * f(c.b); };
+  const over = (top, under) => ({r: top.r * top.a + under.r * (1 - top.a), g: top.g * top.a + under.g * (1 - top.a),
+                                 b: top.b * top.a + under.b * (1 - top.a), a: 1});
+  const background = (el) => {  // what shows behind el: its ancestors' backgrounds, composed
+    const layers = [];
+    for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
+      const c = parse(getComputedStyle(e).backgroundColor);
+      if (c && c.a > 0) { layers.push(c); if (c.a >= 1) break; }
+    }
+    let bg = {r: 255, g: 255, b: 255, a: 1};
+    for (const c of layers.reverse()) bg = over(c, bg);
+    return bg;
+  };
+  const ratio = (a, b) => { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); };
+  window.wbContrast = (el, colorProp = 'color') => {
+    const fg = parse(getComputedStyle(el)[colorProp]);
+    const bg = background(el instanceof SVGElement ? el.closest('.js-plotly-plot') || el : el);
+    return ratio(over(fg, bg), bg);
+  };
+  window.wbLuminance = (c) => lum(parse(c));
+  window.wbBackground = (el) => background(el);
+})();
+"""
+
+
+def dark_theme(page) -> None:
+    """Switch JupyterLab to its Dark theme from the Settings menu (as a user does) and wait until it applies."""
+    page.keyboard.press("Escape")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Settings").first.click()
+    page.locator(".lm-Menu-itemLabel").get_by_text("Theme", exact=True).first.hover()
+    page.locator(".lm-Menu-itemLabel").get_by_text("JupyterLab Dark", exact=True).first.click()
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
+    page.wait_for_timeout(500)

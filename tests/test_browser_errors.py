@@ -10,12 +10,10 @@ from pathlib import Path
 
 import browser_support as B
 import pytest
-from conftest import REPO, load_file
 
 pytestmark = pytest.mark.browser
 
 H = B.H
-POLISH = load_file(REPO / "tests" / "test_browser_polish.py")
 CULPRIT = "/bn_big_var/BatchNormalization"
 
 #: the Workbench of the quickstart's first cell, then a cell that reads the variable the Errors panel sends
@@ -27,7 +25,7 @@ CELLS = [
 ]
 
 #: what a panel shows, as structure: visible headings, tabs, buttons (and whether each reads: contrast >= 4.5),
-#: plot containers (size, subplot titles, legend entries, annotations); needs POLISH.CONTRAST_JS loaded
+#: plot containers (size, subplot titles, legend entries, annotations); needs B.CONTRAST_JS loaded
 STRUCTURE_JS = """w => {
   const shown = e => e.offsetParent !== null && e.getBoundingClientRect().width > 0;
   const text = e => e.textContent.trim().replace(/\\s+/g, ' ');
@@ -66,17 +64,7 @@ PLOT_SIZES_JS = """w => [...w.querySelectorAll('.js-plotly-plot')].filter(p => p
 SEEN: dict = {}
 
 
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    return B.artifacts_folder("browser-errors")
-
-
-@pytest.fixture(scope="module")
-def lab_page(artifacts):
-    B.require_browser()
-    lab = H.JupyterLab(notebooks=[])
-    with B.lab_browser(lab, artifacts) as (page, errors):
-        yield lab, page, errors
+artifacts, lab_page = B.module_fixtures("browser-errors")
 
 
 def _structure(wb) -> dict:
@@ -96,7 +84,7 @@ def test_errors_export_history_and_both_themes(lab_page, artifacts):
     H.run_cell(page, 0, wait=True)
     wb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output").filter(
         has=page.locator(".wb-title")).first
-    page.evaluate(POLISH.CONTRAST_JS)
+    page.evaluate(B.CONTRAST_JS)
 
     # Compare: run twice (the history needs two runs), export the report and the bundle
     wb.locator(".lm-TabBar-tab", has_text="Compare").click()
@@ -164,8 +152,8 @@ def test_errors_export_history_and_both_themes(lab_page, artifacts):
     _check(errors_light, "light Errors")
 
     # the same structure in JupyterLab Dark, everything visible and readable
-    POLISH._dark_theme(page)
-    page.evaluate(POLISH.CONTRAST_JS)
+    B.dark_theme(page)
+    page.evaluate(B.CONTRAST_JS)
     page.wait_for_timeout(1000)
     SEEN["collapsed after the theme switch"] = wb.evaluate(COLLAPSED_JS)
     H.screenshot(page, artifacts, "dark-errors-after-switch")

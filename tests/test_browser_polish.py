@@ -19,36 +19,6 @@ H = B.H
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
 CULPRIT = "/bn_big_var/BatchNormalization"
 
-#: (contrast ratio of an element's text against what is behind it, WCAG style); used on headings, buttons, plots
-CONTRAST_JS = """
-(() => {
-  const parse = (c) => { const m = /rgba?\\(([^)]+)\\)/.exec(c || ''); if (!m) return null;
-    const p = m[1].split(',').map(s => parseFloat(s));
-    return {r: p[0], g: p[1], b: p[2], a: p.length > 3 ? p[3] : 1}; };
-  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
-    return 0.2126 * f(c.r) + 0.7152 * f(c.g) + 0.0722 * f(c.b); };
-  const over = (top, under) => ({r: top.r * top.a + under.r * (1 - top.a), g: top.g * top.a + under.g * (1 - top.a),
-                                 b: top.b * top.a + under.b * (1 - top.a), a: 1});
-  const background = (el) => {  // what shows behind el: its ancestors' backgrounds, composed
-    const layers = [];
-    for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
-      const c = parse(getComputedStyle(e).backgroundColor);
-      if (c && c.a > 0) { layers.push(c); if (c.a >= 1) break; }
-    }
-    let bg = {r: 255, g: 255, b: 255, a: 1};
-    for (const c of layers.reverse()) bg = over(c, bg);
-    return bg;
-  };
-  const ratio = (a, b) => { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); };
-  window.wbContrast = (el, colorProp = 'color') => {
-    const fg = parse(getComputedStyle(el)[colorProp]);
-    const bg = background(el instanceof SVGElement ? el.closest('.js-plotly-plot') || el : el);
-    return ratio(over(fg, bg), bg);
-  };
-  window.wbLuminance = (c) => lum(parse(c));
-  window.wbBackground = (el) => background(el);
-})();
-"""
 
 
 @pytest.fixture(scope="module")
@@ -309,13 +279,6 @@ def test_engine_overlays_and_fused_group_boxes_render(lab_page, artifacts):
     assert not errors, errors
 
 
-def _dark_theme(page) -> None:
-    page.keyboard.press("Escape")
-    page.locator(".lm-MenuBar-itemLabel", has_text="Settings").first.click()
-    page.locator(".lm-Menu-itemLabel").get_by_text("Theme", exact=True).first.hover()
-    page.locator(".lm-Menu-itemLabel").get_by_text("JupyterLab Dark", exact=True).first.click()
-    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
-    page.wait_for_timeout(500)
 
 
 def test_dark_theme_keeps_headings_buttons_and_plots_readable(lab_page, artifacts):
@@ -335,8 +298,8 @@ def test_dark_theme_keeps_headings_buttons_and_plots_readable(lab_page, artifact
     canvas = wb.locator(".wb-graph[data-ready='1']").first
     canvas.wait_for()
     light_bg = canvas.evaluate("g => g.wbColors().bg")
-    _dark_theme(page)
-    page.evaluate(CONTRAST_JS)
+    B.dark_theme(page)
+    page.evaluate(B.CONTRAST_JS)
     # the graph: canvas colours re-read from the theme, buttons themed
     assert canvas.evaluate("g => g.wbColors().bg") != light_bg
     corner = canvas.evaluate("""g => { const c = g.querySelector('canvas');

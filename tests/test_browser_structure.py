@@ -17,7 +17,7 @@ Structure expectations
 
 The same file is checked in both themes: switching to JupyterLab Dark must not add, drop or reorder anything.
 Beyond the file, every visible heading and button must read (WCAG contrast >= 4.5 against what is behind it:
-POLISH.CONTRAST_JS) and every visible plot must be big (> 200 x 150 px, not collapsed), in both themes.
+B.CONTRAST_JS) and every visible plot must be big (> 200 x 150 px, not collapsed), in both themes.
 
 What is left out or normalised, because it legitimately varies: every run of digits (with decimals) reads ``N``
 (run numbers, counts, timings, dB values in labels: "#1 /bn_big_var/..." is stored as "#N /bn_big_var/...");
@@ -51,12 +51,11 @@ from pathlib import Path
 
 import browser_support as B
 import pytest
-from conftest import REPO, SAMPLES, load_file
+from conftest import REPO, SAMPLES
 
 pytestmark = pytest.mark.browser
 
 H = B.H
-POLISH = load_file(REPO / "tests" / "test_browser_polish.py")
 EXPECTED = Path(__file__).resolve().parent / "data" / "ui_structure"
 UPDATE = bool(os.environ.get("WORKBENCH_UPDATE_UI_STRUCTURE"))
 CULPRIT = "/bn_big_var/BatchNormalization"
@@ -69,7 +68,7 @@ CELL = ('import plotly.io as pio\n\npio.renderers.default = "plotly_mimetype"\nf
         'SAMPLES = Path("../sample_models").resolve()\nwb = Workbench(SAMPLES / "fp16_clamp_constant.onnx")\nwb')
 
 #: window.wbStructure(w, roots): the structure of the workbench output ``w`` (its shown tab), texts normalised
-#: (digits -> N, each [path, name] of ``roots`` -> name); needs POLISH.CONTRAST_JS loaded
+#: (digits -> N, each [path, name] of ``roots`` -> name); needs B.CONTRAST_JS loaded
 STRUCTURE_JS = """(() => {
 window.wbStructure = (w, roots) => {
   const shown = e => e.offsetParent !== null && e.getBoundingClientRect().width > 0;
@@ -111,17 +110,7 @@ SETTLED_JS = """([w, roots, want]) => { const s = wbStructure(w, roots);
     && Object.keys(want).every(k => JSON.stringify(s[k]) === JSON.stringify(want[k])); }"""
 
 
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    return B.artifacts_folder("browser-structure")
-
-
-@pytest.fixture(scope="module")
-def lab_page(artifacts):
-    B.require_browser()
-    lab = H.JupyterLab(notebooks=[])
-    with B.lab_browser(lab, artifacts) as (page, errors):
-        yield lab, page, errors
+artifacts, lab_page = B.module_fixtures("browser-structure")
 
 
 def _roots(lab) -> list[list[str]]:
@@ -210,7 +199,7 @@ def test_every_tab_has_its_structure_in_light_and_dark(lab_page, artifacts):
     H.run_cell(page, 0, wait=True)
     wb = _workbench(page)
     wb.wait_for()
-    page.evaluate(POLISH.CONTRAST_JS)
+    page.evaluate(B.CONTRAST_JS)
     page.evaluate(STRUCTURE_JS)
 
     # one comparison, so every panel has a result to show
@@ -229,8 +218,8 @@ def test_every_tab_has_its_structure_in_light_and_dark(lab_page, artifacts):
             text = json.dumps({k: s[k] for k in KEYS}, indent=1, ensure_ascii=False)
             (EXPECTED / f"{key}.json").write_text(text + "\n", encoding="utf-8")
 
-    POLISH._dark_theme(page)
-    page.evaluate(POLISH.CONTRAST_JS)
+    B.dark_theme(page)
+    page.evaluate(B.CONTRAST_JS)
     page.evaluate(STRUCTURE_JS)
     _visit_every_tab(page, wb, roots, artifacts, "dark", tabs, light)
     assert not errors, errors

@@ -6,7 +6,6 @@ calibrate and see a histogram. Screenshots go to $WORKBENCH_ARTIFACTS (or a temp
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import browser_support as B
 import pytest
@@ -19,17 +18,7 @@ CULPRIT = "/bn_big_var/BatchNormalization"
 H = B.H
 
 
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    return B.artifacts_folder("browser")
-
-
-@pytest.fixture(scope="module")
-def browser_page(artifacts):
-    B.require_browser()
-    lab = H.JupyterLab(notebooks=["quickstart.ipynb"])
-    with B.lab_browser(lab, artifacts) as (page, errors):
-        yield lab, page, errors
+artifacts, browser_page = B.module_fixtures("browser", ("quickstart.ipynb",))
 
 
 def _visible(locator):
