@@ -196,7 +196,7 @@ def test_feeds_of_different_shapes_give_symbolic_dims(tmp_path):
 
 
 def test_a_failure_leaves_nothing_behind(tmp_path, monkeypatch):
-    import workbench.reduce as reduce_module
+    import workbench.reduce.api as reduce_module
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("disk full")

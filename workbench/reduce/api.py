@@ -1,74 +1,32 @@
-"""Reduce a divergence to a standalone bug report: the smallest subgraph around the culprit, on both sides.
-
-``reduce(model, "ort", "ort:fp16", out="bug/")`` compares the two sides, takes the top harmful culprit (or
-``node=``) and writes into ``bug/``:
-
-- ``reference.onnx``: the reference node(s) alone; their non-constant inputs become graph inputs, initializers
-  and Constant inputs are embedded (no external data);
-- ``candidate.onnx``: the candidate's computation of the same tensor(s) from the same boundary: the node plus
-  whatever the candidate inserted around it (Casts, Q/DQ), from the precision variant or the user's own file
-  (:func:`workbench.compare.isolate.build_isolation`), its inputs renamed to the reference's tensor names;
-- ``inputs.npz``: the reference's values of those inputs; ``expected.npz``: the reference's values of the
-  outputs;
-- ``README.md``: versions, the command, the node(s), the measured divergence and a Python snippet that needs
-  only onnxruntime and numpy.
-
-The pair is checked exactly as the README does it: fresh ONNX Runtime CPU sessions (default options) from the
-written files, fed ``inputs.npz`` cast to each model's declared input types, compared with ``expected.npz`` and
-with each other under the comparison's criterion. When the node alone does not reproduce, the subgraph grows
-one producer at a time (the one feeding the input with the worst received error) up to ``max_nodes`` reference
-nodes. A candidate engine other than ONNX Runtime runs ``candidate.onnx`` in the check (the README says which
-engine shows the divergence and what ONNX Runtime CPU gives).
-"""
+"""The reduction: compare, pick the culprit, grow the subgraph until it reproduces, write the folder."""
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import os
-import platform
-import re
 import shlex
 import shutil
 import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from ._atomic import atomic_write_bytes, atomic_write_text, umask
-from .compare.criterion import Criterion
-from .compare.isolate import IsolationModel, build_isolation
-from .core.metrics import ErrorStats
-from .errors import WorkbenchError
-from .model.walk import subgraphs_of
+from .._atomic import atomic_write_bytes, atomic_write_text, umask
+from ..compare.criterion import Criterion
+from ..compare.isolate import build_isolation
+from ..core.metrics import ErrorStats
+from ..errors import WorkbenchError
+from .common import _ISO_PREFIX, _NUMPY_TYPES, FILES, SCHEMA, ReduceError
+from .files import _agrees, _ort_or_fail, npz_bytes, run_ort
+from .models import _constant_outputs, _extra_outputs, _spec, _standalone
+from .readme import _fmt, _metrics_text, readme
 
 log = logging.getLogger(__name__)
-
-SCHEMA = "workbench.reduce/1"
-FILES = ("reference.onnx", "candidate.onnx", "inputs.npz", "expected.npz", "README.md")
-#: ONNX Runtime spec engines -> the execution provider the README snippet names
-ORT_PROVIDERS = {"ort": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider",
-                 "ort-trt": "TensorrtExecutionProvider"}
-#: input types the snippet casts inputs.npz to (other numpy-typed inputs are fed as stored)
-_CASTS = {"tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(double)": np.float64}
-#: element types numpy (and so an .npz and ORT's Python feed) holds natively; others get a Cast node
-_NUMPY_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT8, TensorProto.INT16,
-                TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32,
-                TensorProto.UINT64, TensorProto.BOOL}
-#: engines whose own package's version the README records
-_ENGINE_PACKAGES = {"openvino": "openvino", "torch": "torch", "trt": "tensorrt"}
-_ISO_PREFIX = re.compile(r"^iso\d+::")  # build_isolation's segment prefix
-_SHOWN = ("cosine", "max_abs", "nonfinite_mismatch")
-
-
-class ReduceError(WorkbenchError):
-    """The reduction cannot start or cannot build its models (bad --out, unknown node, nothing to reduce)."""
 
 
 @dataclass
@@ -80,7 +38,7 @@ class Attempt:
     reproduced: bool
 
     def to_json(self) -> dict:
-        from .core.metrics import encode_metrics
+        from ..core.metrics import encode_metrics
 
         return {"nodes": self.nodes, "metrics": encode_metrics(self.metrics), "reproduced": self.reproduced}
 
@@ -118,7 +76,7 @@ class ReduceResult:
         return 0 if self.reproduced else 1
 
     def to_json(self) -> dict:
-        from .core.metrics import encode_metrics
+        from ..core.metrics import encode_metrics
 
         return {"schema": SCHEMA, "out": str(self.out), "node": self.node, "op_type": self.op_type,
                 "nodes": self.nodes, "op_types": self.op_types, "candidate_nodes": self.candidate_nodes,
@@ -157,7 +115,7 @@ def reduce(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     divergence alone into the new folder ``out``; see the module docstring. ``compare_options``: the
     comparison's options (criterion, seed, feed_count, input_shapes, ...). ``command``: the command line the
     README records (default: the equivalent ``workbench reduce`` line)."""
-    from .compare.plan import ComparisonPlan
+    from ..compare.plan import ComparisonPlan
 
     if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
         raise ReduceError(f"max_nodes must be a whole number >= 1, not {max_nodes!r}")
@@ -291,7 +249,7 @@ class _Reducer:
     @property
     def ref_types(self) -> dict:
         if self._ref_types is None:
-            from .core.shapes import infer_shapes_lenient, value_types
+            from ..core.shapes import infer_shapes_lenient, value_types
 
             self._ref_types = value_types(infer_shapes_lenient(self.plan.ref_model))
         return self._ref_types
@@ -375,7 +333,7 @@ class _Reducer:
         return _Measured(k, cand, pair, ref, reproduced, ort)
 
     def _run_engine(self, model: onnx.ModelProto, inputs: dict) -> dict[str, np.ndarray]:
-        from .core.feeds import input_dtypes
+        from ..core.feeds import input_dtypes
 
         dtypes = input_dtypes(model)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -512,363 +470,3 @@ class _Reducer:
         return str(self.cand_spec.engine)
 
 
-# --- models --------------------------------------------------------------------------------------------------
-def _constant_outputs(model: onnx.ModelProto) -> set[str]:
-    return {o for n in model.graph.node if n.op_type == "Constant" and not n.domain for o in n.output if o}
-
-
-def _extra_outputs(iso: IsolationModel, side_targets: list[str], ref_targets: list[str]) -> dict[str, str]:
-    """Isolation tensor -> reference target name, for every target the single segment computes (the first is
-    its output; the others are further outputs of the same nodes)."""
-    produced = {o for n in iso.model.graph.node for o in n.output if o}
-    prefix = next(iter(iso.outputs)).split("::", 1)[0] + "::" if iso.outputs else ""
-    kept = {}
-    for side, ref in zip(side_targets, ref_targets):
-        if prefix + side in produced:
-            kept[prefix + side] = ref
-    return kept
-
-
-def _spec(name: str, arrays: list[np.ndarray]) -> tuple[np.dtype, list[int | str]]:
-    """The dtype and shape of a tensor's values over the feeds: dims that differ between feeds are symbolic."""
-    shapes = {np.shape(a) for a in arrays}
-    first = np.shape(arrays[0])
-    if len(shapes) == 1:
-        return np.asarray(arrays[0]).dtype, list(first)
-    if len({len(s) for s in shapes}) > 1:
-        raise ReduceError(f"tensor {name!r} changes rank between feeds", "reduce with one feed (--feeds 1)")
-    dims = [d if all(s[i] == d for s in shapes) else f"{name}:{i}" for i, d in enumerate(first)]
-    return np.asarray(arrays[0]).dtype, dims
-
-
-def _standalone(iso: IsolationModel, outputs: dict[str, str], specs: dict[str, tuple[np.dtype, list]],
-                side: str) -> onnx.ModelProto:
-    """An isolation model made presentable: Constant nodes folded into initializers, inputs and outputs named
-    as the reference's tensors (inputs with the shapes the values have), other tensors and nodes without the
-    isolation prefix, only the functions it calls."""
-    model = iso.model
-    g = model.graph
-    _fold_constants(g)
-    inits = {t.name for t in g.initializer}
-    rename: dict[str, str] = {}
-    for vi in g.input:
-        rename[vi.name] = iso.boundary[vi.name]
-    rename.update(outputs)
-    clash = {r for r in rename.values() if r in inits}
-    for name in clash:
-        rename[name] = f"{name}__{side}_const"
-    taken = set(rename.values()) | (inits - clash)
-    for node in g.node:
-        node.name = _ISO_PREFIX.sub("", node.name)
-    for o in [o for n in g.node for o in n.output] + [t.name for t in g.initializer]:
-        if o and o not in rename and _ISO_PREFIX.match(o):
-            short = _ISO_PREFIX.sub("", o)
-            if short not in taken:
-                rename[o] = short
-                taken.add(short)
-    _rename(g, rename)
-    # inputs: the side's own type where numpy holds it, the values' shapes
-    types = {vi.name: vi.type for vi in g.input}
-    del g.input[:]
-    casts = []
-    for name in (iso.boundary[c] for c in iso.boundary):
-        dtype, shape = specs[name]
-        tp = types.get(name)
-        et = tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else 0
-        own = helper.np_dtype_to_tensor_dtype(dtype)
-        if et and et not in _NUMPY_TYPES:
-            cast_to = f"{name}::as_{TensorProto.DataType.Name(et).lower()}"
-            casts.append(helper.make_node("Cast", [name], [cast_to], name=f"{name}/Cast", to=et))
-            _rename_reads(g, {name: cast_to})
-            et = own
-        g.input.append(helper.make_tensor_value_info(name, et or own, shape))
-    for i, node in enumerate(casts):
-        g.node.insert(i, node)
-    # outputs: keep only the requested ones, typed
-    old = {vi.name: vi for vi in g.output}
-    del g.output[:]
-    for name in outputs.values():
-        vi = onnx.ValueInfoProto()
-        vi.name = name
-        if name in old and old[name].type.WhichOneof("value"):
-            vi.type.CopyFrom(old[name].type)
-        g.output.append(vi)
-    _type_outputs(model, specs)
-    used = _used_functions(model)
-    kept = [f for f in model.functions if (f.domain, f.name) in used]
-    del model.functions[:]
-    model.functions.extend(kept)
-    g.name = f"workbench_reduce_{side}"
-    model.producer_name = "onnx-drift-workbench"
-    from . import __version__
-
-    model.producer_version = __version__
-    model.doc_string = f"{side} side of a divergence reduced by `workbench reduce`"
-    for t in g.initializer:
-        if t.data_location == TensorProto.EXTERNAL or t.external_data:
-            raise ReduceError(f"initializer {t.name!r} still points to external data",
-                              "load the model with its weight files next to it")
-    return model
-
-
-def _fold_constants(g: onnx.GraphProto) -> None:
-    """Constant nodes with a tensor value become initializers."""
-    from onnx import numpy_helper
-
-    keep = []
-    for node in g.node:
-        if node.op_type != "Constant" or node.domain or len(node.attribute) != 1:
-            keep.append(node)
-            continue
-        attr = node.attribute[0]
-        if attr.name == "value":
-            t = TensorProto()
-            t.CopyFrom(attr.t)
-        elif attr.name in ("value_float", "value_floats", "value_int", "value_ints"):
-            value = helper.get_attribute_value(attr)
-            dtype = np.float32 if "float" in attr.name else np.int64
-            t = numpy_helper.from_array(np.asarray(value, dtype=dtype))
-        else:
-            keep.append(node)
-            continue
-        t.name = node.output[0]
-        g.initializer.append(t)
-    if len(keep) != len(g.node):
-        del g.node[:]
-        g.node.extend(keep)
-
-
-def _rename(g: onnx.GraphProto, rename: dict[str, str]) -> None:
-    for vi in list(g.input) + list(g.output):
-        vi.name = rename.get(vi.name, vi.name)
-    for t in g.initializer:
-        t.name = rename.get(t.name, t.name)
-    for node in g.node:
-        for i, name in enumerate(node.output):
-            if name in rename:
-                node.output[i] = rename[name]
-    _rename_reads(g, rename)
-
-
-def _rename_reads(g: onnx.GraphProto, rename: dict[str, str]) -> None:
-    """Rename what nodes (and their subgraphs, for outer-scope names) read."""
-    for node in g.node:
-        for i, name in enumerate(node.input):
-            if name in rename:
-                node.input[i] = rename[name]
-        for _, sub in subgraphs_of(node):
-            local = {t.name for t in sub.initializer} | {vi.name for vi in sub.input} | {
-                o for n in sub.node for o in n.output}
-            inner = {k: v for k, v in rename.items() if k not in local}
-            if inner:
-                _rename_reads(sub, inner)
-
-
-def _type_outputs(model: onnx.ModelProto, specs: dict[str, tuple[np.dtype, list]]) -> None:
-    """Give untyped outputs the type shape inference finds (the value's, for a reference tensor, otherwise)."""
-    g = model.graph
-    if all(vi.type.WhichOneof("value") for vi in g.output):
-        return
-    try:
-        inferred = {vi.name: vi.type for vi in onnx.shape_inference.infer_shapes(model).graph.output}
-    except Exception as e:  # noqa: BLE001 - best effort: a contrib op may stop onnx's inference
-        log.debug("shape inference of the reduced model failed: %s", e)
-        inferred = {}
-    for vi in g.output:
-        if vi.type.WhichOneof("value"):
-            continue
-        if vi.name in inferred and inferred[vi.name].tensor_type.elem_type:
-            vi.type.CopyFrom(inferred[vi.name])
-        elif vi.name in specs:
-            vi.type.CopyFrom(helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(specs[vi.name][0]), None))
-
-
-def _used_functions(model: onnx.ModelProto) -> set[tuple[str, str]]:
-    from .model.walk import iter_nodes
-
-    defined = {(f.domain, f.name): f for f in model.functions}
-    used: set[tuple[str, str]] = set()
-    stack = [(n.domain, n.op_type) for n in iter_nodes(model.graph)]
-    while stack:
-        key = stack.pop()
-        if key in defined and key not in used:
-            used.add(key)
-            stack += [(n.domain, n.op_type) for n in defined[key].node]
-    return used
-
-
-# --- running and files ---------------------------------------------------------------------------------------
-def run_ort(model: str | bytes, inputs: dict[str, np.ndarray], provider: str = "CPUExecutionProvider"
-            ) -> dict[str, np.ndarray]:
-    """Run ``model`` as the README snippet does: a fresh ONNX Runtime session with default options, every input
-    cast to the type the model declares."""
-    import onnxruntime as ort
-
-    providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
-    session = ort.InferenceSession(model, providers=providers)
-    with np.errstate(over="ignore", invalid="ignore"):
-        feed = {i.name: np.asarray(inputs[i.name]).astype(_CASTS.get(i.type, inputs[i.name].dtype))
-                for i in session.get_inputs()}
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, feed)))
-
-
-def _ort_or_fail(what: str, model: str | bytes, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    try:
-        return run_ort(model, inputs)
-    except Exception as e:  # noqa: BLE001 - onnxruntime's errors share no base class worth naming
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ReduceError(f"{what} does not run on ONNX Runtime CPU: {first}",
-                          "pick another node with --node, or report the failure itself") from e
-
-
-def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    """An uncompressed .npz of ``arrays`` (any names, never pickled), as bytes."""
-    from numpy.lib import format as npy_format
-
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, value in arrays.items():
-            with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
-                npy_format.write_array(fh, np.asarray(value), allow_pickle=False)
-    return buf.getvalue()
-
-
-def _agrees(metrics: dict) -> bool:
-    """Float round-off: reference.onnx on ORT CPU against the reference engine's values."""
-    sqnr = metrics.get("sqnr_db")
-    return not (metrics.get("nonfinite_mismatch") or 0) and (sqnr is None or sqnr > 60)
-
-
-# --- README --------------------------------------------------------------------------------------------------
-_METRIC_CODE = {
-    "sqnr_db": "10 * np.log10(np.sum(e ** 2) / np.sum(d ** 2))",
-    "cosine": "np.sum(e * g) / np.sqrt(np.sum(e ** 2) * np.sum(g ** 2))",
-    "max_abs": "np.abs(d).max(initial=0)",
-    "mean_abs": "np.abs(d).mean()",
-    "norm_max_abs": "np.abs(d).max(initial=0) / np.abs(e).max(initial=0)",
-    "norm_mean_abs": "np.abs(d).sum() / np.abs(e).sum()",
-    "max_rel": "(np.abs(d)[e != 0] / np.abs(e[e != 0])).max(initial=0)",
-}
-
-
-def snippet(metric: str = "sqnr_db", provider: str = "CPUExecutionProvider") -> str:
-    """Python that runs the folder's pair with onnxruntime and prints the metric (run it in the folder)."""
-    code = _METRIC_CODE.get(metric, _METRIC_CODE["sqnr_db"])
-    providers = f'["{provider}"]' if provider == "CPUExecutionProvider" else f'["{provider}", "CPUExecutionProvider"]'
-    return f'''import numpy as np
-import onnxruntime as ort
-
-inputs, expected = np.load("inputs.npz"), np.load("expected.npz")
-CASTS = {{"tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(double)": np.float64}}
-
-def run(path):
-    s = ort.InferenceSession(path, providers={providers})
-    feed = {{i.name: inputs[i.name].astype(CASTS.get(i.type, inputs[i.name].dtype)) for i in s.get_inputs()}}
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feed)))
-
-outs = {{"reference": run("reference.onnx"), "candidate": run("candidate.onnx")}}
-with np.errstate(all="ignore"):
-    for name in expected.files:
-        for side, out in outs.items():
-            e, g = expected[name].astype(np.float64), out[name].astype(np.float64)
-            ok = np.isfinite(e) & np.isfinite(g)
-            bad = np.count_nonzero(~ok & ~((e == g) | (np.isnan(e) & np.isnan(g))))
-            e, g = e[ok], g[ok]
-            d = g - e
-            print(f"{{side}} vs expected {{name}}: {metric} {{{code}:.4g}}, "
-                  f"max_abs {{np.abs(d).max(initial=0):.4g}}, non-finite mismatches {{bad}}")
-'''
-
-
-def _engine_snippet(plan) -> str:
-    spec = plan.cand_spec
-    opts = {"precision": "native"} if spec.engine == "ref" and spec.variant != "fp32" else {}
-    args = "".join(f", {k}={v!r}" for k, v in opts.items())
-    return f'''import numpy as np
-import onnx
-from workbench.core.feeds import input_dtypes
-from workbench.engines import get_engine
-
-inputs = np.load("inputs.npz")
-model = onnx.load("candidate.onnx")
-feed = {{k: inputs[k].astype(t) for k, t in input_dtypes(model).items()}}
-with get_engine({spec.engine!r}{args}).prepare(model, [o.name for o in model.graph.output]) as session:
-    candidate = session.run(feed)  # compare with np.load("expected.npz") as above
-'''
-
-
-def readme(result: ReduceResult, plan) -> str:
-    """The bug report's README.md."""
-    from .report.env import package_versions
-
-    crit = result.criterion
-    wanted = {"workbench", "onnx", "onnxruntime", "onnxruntime-gpu", "numpy", "onnxconverter-common",
-              _ENGINE_PACKAGES.get(plan.cand_spec.engine), _ENGINE_PACKAGES.get(plan.ref_spec.engine)}
-    versions = {"python": platform.python_version(),
-                **{k: v for k, v in package_versions().items() if k in wanted}}
-    model = plan.original
-    status = ("reproduces the divergence on its own" if result.reproduced else
-              f"does NOT reproduce the divergence on its own within {result.max_nodes} reference node(s): the "
-              "divergence needs more of the graph than this pair")
-    ref_nodes = ", ".join(f"`{n}` ({op})" for n, op in zip(result.nodes, result.op_types))
-    rows = [("candidate.onnx vs expected.npz", result.metrics), ("candidate.onnx vs reference.onnx",
-                                                                 result.pair_metrics),
-            ("reference.onnx vs expected.npz", result.reference_metrics)]
-    lines = [
-        f"# Divergence reproducer: `{result.node}` ({result.op_type})", "",
-        f"This pair {status}: {_metrics_text(crit.metric, result.metrics)} (criterion: {crit.describe()}).", "",
-        f"- model: `{model.name}` (sha256 {model.fingerprint[:16]}...)",
-        f"- reference: `{plan.ref_spec}`; candidate: `{plan.cand_spec}`"
-        + (f" from the user's file `{plan.variant_info.get('file')}`" if plan.cand_source is not None else
-           " (the workbench's variant of the model)"),
-        f"- reference.onnx: {len(result.nodes)} node(s): {ref_nodes}",
-        f"- candidate.onnx: {len(result.candidate_nodes)} node(s): {', '.join(result.candidate_nodes)}",
-        f"- inputs.npz: the reference's values of {', '.join(f'`{n}`' for n in result.inputs) or 'nothing'}",
-        f"- expected.npz: the reference's values of {', '.join(f'`{n}`' for n in result.outputs)}",
-        f"- made with: `{result.command}`", "",
-        f"## Measured divergence ({result.engine})", "",
-        f"| | {crit.metric} | " + " | ".join(m for m in _SHOWN if m != crit.metric) + " |",
-        "|---|" + "---|" * (1 + len([m for m in _SHOWN if m != crit.metric])),
-    ]
-    for label, m in rows:
-        lines.append(f"| {label} | {_fmt(m.get(crit.metric))} | "
-                     + " | ".join(_fmt(m.get(k)) for k in _SHOWN if k != crit.metric) + " |")
-    if len(result.outputs) > 1:
-        lines += ["", "With several outputs, each row shows the worst one by the criterion."]
-    if result.ort_metrics is not None:
-        lines += ["", f"The divergence shows on the `{plan.cand_spec.engine}` engine. ONNX Runtime CPU on "
-                  f"candidate.onnx gives {_metrics_text(crit.metric, result.ort_metrics)} against expected.npz "
-                  f"({'it reproduces there too' if crit.diverged(result.ort_metrics) else 'it does not show there'})."]
-    elif result.ort_metrics is None and plan.cand_spec.engine not in ("ort",) and \
-            plan.cand_spec.engine not in ORT_PROVIDERS:
-        lines += ["", f"The divergence was measured on the `{plan.cand_spec.engine}` engine; candidate.onnx does not "
-                  "run on ONNX Runtime CPU."]
-    provider = ORT_PROVIDERS.get(plan.cand_spec.engine, "CPUExecutionProvider")
-    lines += ["", "## Reproduce", "", "A fresh Python with only numpy and onnxruntime, run in this folder:", "",
-              "```python", snippet(crit.metric, provider).rstrip(), "```"]
-    if plan.cand_spec.engine not in ORT_PROVIDERS:
-        lines += ["", f"The candidate as the `{plan.cand_spec}` engine runs it (needs onnx-drift-workbench):", "",
-                  "```python", _engine_snippet(plan).rstrip(), "```"]
-    if len(result.attempts) > 1:
-        lines += ["", "## Subgraphs tried", ""]
-        lines += [f"- {len(a.nodes)} node(s) {', '.join(a.nodes)}: {_metrics_text(crit.metric, a.metrics)} "
-                  f"({'reproduces' if a.reproduced else 'does not reproduce'})" for a in result.attempts]
-    if result.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
-    lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in versions.items()]
-    lines.append(f"- platform: {platform.platform()}")
-    return "\n".join(lines) + "\n"
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _metrics_text(metric: str, m: dict) -> str:
-    parts = [f"{metric} {_fmt(m.get(metric))}"] + [f"{k} {_fmt(m.get(k))}" for k in _SHOWN if k != metric]
-    return ", ".join(parts)
