@@ -271,3 +271,14 @@ def test_cli_inspect_reads_the_recorded_trace_and_dumps(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "tiny.onnx"), "--engine", "ort", "--ort-trace",
                  str(DATA / "profile.json")]) == 2
     assert "--ort-trace and --trt-subgraphs go together" in capsys.readouterr().err
+
+
+def test_a_trace_saved_again_on_one_line_reads_the_same(tmp_path):
+    """ORT writes one event per line; the same list re-saved with json.dump (one line) gives the same graph."""
+    model = tiny_model()
+    one_line = tmp_path / "trace.json"
+    one_line.write_text(json.dumps(json.loads((DATA / "profile.json").read_text())))
+    a = from_ort_trt_records(model, DATA / "profile.json", subgraphs(model), warmup=1)
+    b = from_ort_trt_records(model, one_line, subgraphs(model), warmup=1)
+    assert [(n.name, n.onnx_nodes, n.latency_ms) for n in a.nodes] == [(n.name, n.onnx_nodes, n.latency_ms)
+                                                                        for n in b.nodes]

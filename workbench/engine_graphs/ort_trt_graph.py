@@ -227,10 +227,14 @@ def read_events(path: str | Path) -> list[dict]:
                 if text in ("", "[", "]"):
                     continue
                 try:
-                    events.append(json.loads(text))
+                    value = json.loads(text)
                 except ValueError:
                     fh.seek(0)
                     return json.load(fh)
+                if isinstance(value, list):  # the whole list on one line (a trace saved again with json.dump)
+                    events.extend(value)
+                else:
+                    events.append(value)
             return events
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise WorkbenchError(f"cannot read the ONNX Runtime trace {path} ({type(e).__name__}: {e})",
