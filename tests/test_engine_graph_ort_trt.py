@@ -282,3 +282,24 @@ def test_a_trace_saved_again_on_one_line_reads_the_same(tmp_path):
     b = from_ort_trt_records(model, one_line, subgraphs(model), warmup=1)
     assert [(n.name, n.onnx_nodes, n.latency_ms) for n in a.nodes] == [(n.name, n.onnx_nodes, n.latency_ms)
                                                                         for n in b.nodes]
+
+
+def test_pipes_and_folders_are_refused_not_read(tmp_path):
+    """A FIFO as the trace, or among the dumps (or a folder named like a dump), is refused with one line instead of
+    blocking the read."""
+    import os
+
+    model = tiny_model()
+    fifo = tmp_path / "trace.json"
+    os.mkfifo(fifo)
+    with pytest.raises(WorkbenchError, match="not a regular file"):
+        from_ort_trt_records(model, fifo, subgraphs(model))
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    os.mkfifo(dumps / f"{T0}.onnx")
+    with pytest.raises(WorkbenchError, match="not a regular file"):
+        from_ort_trt_records(model, DATA / "profile.json", dumps, warmup=1)
+    (dumps / f"{T0}.onnx").unlink()
+    (dumps / f"{T0}.onnx").mkdir()
+    with pytest.raises(WorkbenchError, match="not a regular file"):
+        from_ort_trt_records(model, DATA / "profile.json", dumps, warmup=1)

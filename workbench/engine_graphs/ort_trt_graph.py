@@ -58,6 +58,7 @@ from typing import Any
 
 import onnx
 
+from .._files import read_capped
 from ..errors import EngineRunError, EngineUnavailableError, WorkbenchError
 from .onnx_side import OnnxGraph
 from .ort_graph import _ELEM, LAYOUT_OPS, _apply_profile, _hints, _profile, _strip, summarize_profile
@@ -219,8 +220,19 @@ def _stand_in(model: onnx.ModelProto, nodes: list) -> onnx.ModelProto:
 # --- reading -----------------------------------------------------------------------------------------------------
 def read_events(path: str | Path) -> list[dict]:
     """The events of ORT's profiler trace file (one JSON event per line, as ORT writes it; else read whole)."""
+    import io
+
+    from .._files import human_size, open_regular
+
+    raw = open_regular(path, "ONNX Runtime trace")
+    size = os.fstat(raw.fileno()).st_size
+    if size > MAX_TRACE_BYTES:
+        raw.close()
+        raise WorkbenchError(f"the ONNX Runtime trace {path} is {human_size(size)}, over the "
+                             f"{human_size(MAX_TRACE_BYTES)} limit", "profile fewer runs (a run adds ~0.5 MB per "
+                             "1,000 nodes)")
     try:
-        with open(path, encoding="utf-8") as fh:
+        with io.TextIOWrapper(raw, encoding="utf-8") as fh:
             events = []
             for line in fh:
                 text = line.strip().rstrip(",")
@@ -271,6 +283,11 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
 
 
+#: the largest trace and dumped subgraph read (a 30-run trace of a 400-node model is ~20 MB)
+MAX_TRACE_BYTES = 2 * 1024**3
+MAX_DUMP_BYTES = 2 * 1024**3
+
+
 def load_subgraphs(folder: str | Path) -> dict[str, onnx.ModelProto]:
     """The TensorRT EP's dumped subgraphs in ``folder``: ``<fused node name>.onnx`` -> its model (graph only: newer
     EPs may write the weights beside it); the candidate graph ``GetSupportedList`` dumps is skipped."""
@@ -281,8 +298,10 @@ def load_subgraphs(folder: str | Path) -> dict[str, onnx.ModelProto]:
     for path in sorted(folder.glob("*.onnx")):
         if path.stem == CANDIDATE_DUMP:
             continue
+        data = read_capped(path, MAX_DUMP_BYTES, "dumped subgraph", size_hint="a dump holds a subgraph's nodes "
+                           "(its weights beside it): this is not one")
         try:
-            subs[path.stem] = onnx.load(str(path), load_external_data=False)
+            subs[path.stem] = onnx.load_from_string(data)
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends: one clear error
             raise WorkbenchError(f"the dumped subgraph {path.name} is not an ONNX model ({type(e).__name__})",
                                  _DUMP_HINT) from None
