@@ -83,6 +83,12 @@ def _inspect_engine(args: argparse.Namespace) -> int:
                   inputs={"--inputs": args.inputs, "--layer-info": args.layer_info,
                           "--layer-profile": args.layer_profile, "--layer-times": args.layer_times,
                           "--ort-trace": args.ort_trace, "--trt-subgraphs": args.trt_subgraphs})
+    if args.trt_subgraphs:  # a file written there (even a new one) is read as a dump next time: refused up front
+        dumps = os.path.realpath(args.trt_subgraphs)
+        for option, out in (("--json", args.json), ("--report", args.report)):
+            if out and out != "-" and os.path.commonpath([dumps, os.path.realpath(out)]) == dumps:
+                raise UsageError(f"{option} {out} lies inside the --trt-subgraphs folder {args.trt_subgraphs}: "
+                                 "write the output somewhere else (files there are read as dumped subgraphs)")
     if args.layer_info:
         from .engine_graphs.tensorrt_graph import from_records
 

@@ -132,7 +132,10 @@ def _notes(graph: EngineGraph) -> None:
                            f"unprofiled {plain:.3g} ms): each node's time includes about {per_node:.1f} us of its "
                            "cost, which matters for short kernels")
     share = graph.latency_share
-    if share is not None and share > 1.05:
+    if share is not None and not graph.compute_nodes:  # an Identity-only model: nothing ran, 0% says nothing
+        graph.notes.append("the engine executed no compute node (the graph was folded away while building): a run "
+                           "is all the engine's own overhead; see 'overhead'")
+    elif share is not None and share > 1.05:
         graph.notes.append(f"per-node times add up to {share:.0%} of a run: the engine ran nodes concurrently (more "
                            "than one thread), so they overlap")
     elif share is not None and share < 0.85:

@@ -97,11 +97,12 @@ def from_ort_trt_records(onnx_model: Any, profile_events: Any, subgraphs: Any, *
         raise WorkbenchError("the ONNX Runtime trace has no kernel_time events inside its runs (no executed node)",
                              _TRACE_HINT)
     entries, used, notes = [], set(), []
+    claimed: dict[str, str] = {}  # ONNX node -> the dumped subgraph that runs it
     last, last_compute = None, None  # the chain: a node follows the one run before it (a copy is skipped)
     for k, (name, args) in enumerate(executed):
         provider, op = args.get("provider"), args.get("op_name") or ""
         if not provider:
-            raise WorkbenchError(f"the kernel_time event of node {name!r} has no provider in its args",
+            raise WorkbenchError(f"the kernel_time event of node {_short(name)} has no provider in its args",
                                  _TRACE_HINT)
         layout = op in LAYOUT_OPS or (not op and name.startswith("Memcpy"))
         before = last if layout else last_compute
@@ -119,12 +120,20 @@ def from_ort_trt_records(onnx_model: Any, profile_events: Any, subgraphs: Any, *
             else:
                 used.add(key)
                 entry["origin"], entry["mapped_by"] = subgraph_nodes(og, subs[key], key)
+                twice = [o for o in entry["origin"] if o in claimed]
+                if twice:  # TensorRT EP subgraphs are disjoint: dumps of two sessions (or a copied file) mixed
+                    raise WorkbenchError(f"dumped subgraphs {_short(claimed[twice[0]])} and {_short(key)} both run "
+                                         f"ONNX node {_short(twice[0])} ({len(twice)} node(s) in common)",
+                                         _DUMP_HINT + " (only that session's dumps, in an empty folder)")
+                claimed.update(dict.fromkeys(entry["origin"], key))
         else:
             entry["origin"] = _named(og, name, op)
         entries.append(entry)
     stray = sorted(set(subs) - used)
     if stray:
-        raise WorkbenchError(f"dumped subgraph(s) {', '.join(stray)} match no TensorRT EP node of the trace",
+        raise WorkbenchError(f"dumped subgraph(s) {', '.join(_short(k) for k in stray[:5])}"
+                             + (f" (+{len(stray) - 5} more)" if len(stray) > 5 else "")
+                             + " match no TensorRT EP node of the trace",
                              _DUMP_HINT)
     mapped = map_runtime(og, entries, set(), static_shapes=False)
     graph = {"nodes": mapped["nodes"], "folded": mapped["folded"], "unmapped": mapped["unmapped"]}
@@ -253,6 +262,12 @@ def read_events(path: str | Path) -> list[dict]:
                              _TRACE_HINT) from None
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``value``'s repr cut to ``limit`` characters (a message names a hostile field, not all of it)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"<{value.bit_length()}-bit int>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def normalize_events(events: Any) -> list[dict]:
     """Trace events cut to what the mapping reads: cat, name, ts, dur and args provider, op_name and output type
     (the first type of ``output_type_shape``, as :func:`ort_graph.read_trace` keeps it)."""
@@ -266,21 +281,34 @@ def normalize_events(events: Any) -> list[dict]:
             continue
         name, ts, dur = e.get("name"), e.get("ts"), e.get("dur", 0)
         if not isinstance(name, str) or not _number(ts) or not _number(dur):
-            raise WorkbenchError(f"event {k} of the ONNX Runtime trace lacks a name, a ts or a dur "
-                                 f"(name={name!r}, ts={ts!r}, dur={dur!r})", _TRACE_HINT)
+            raise WorkbenchError(f"event {k} of the ONNX Runtime trace lacks a name, a ts or a dur (finite "
+                                 f"microseconds from 0 to {MAX_TRACE_US:.0e}) (name={_short(name)}, ts={_short(ts)}, "
+                                 f"dur={_short(dur)})", _TRACE_HINT)
         args = e.get("args") or {}
         if not isinstance(args, dict):
-            raise WorkbenchError(f"event {k} ({name}) of the ONNX Runtime trace has args that are not an object",
-                                 _TRACE_HINT)
+            raise WorkbenchError(f"event {k} ({_short(name)}) of the ONNX Runtime trace has args that are not an "
+                                 "object", _TRACE_HINT)
         shapes = args.get("output_type_shape") or []
-        first = next(iter(shapes[0]), None) if shapes and isinstance(shapes[0], dict) else args.get("output_type")
+        first = (next(iter(shapes[0]), None) if isinstance(shapes, list) and shapes and isinstance(shapes[0], dict)
+                 else args.get("output_type"))
+        for key, value in (("provider", args.get("provider")), ("op_name", args.get("op_name")),
+                           ("output type", first)):
+            if value is not None and not isinstance(value, str):
+                raise WorkbenchError(f"event {k} ({_short(name)}) of the ONNX Runtime trace: its {key} is not a "
+                                     f"string ({_short(value)})", _TRACE_HINT)
         out.append({"cat": e["cat"], "name": name, "ts": ts, "dur": dur,
                     "args": {"provider": args.get("provider"), "op_name": args.get("op_name"), "output_type": first}})
     return out
 
 
+#: the largest ts or dur read, in microseconds (~116 days): past it a value is not a profiler's
+MAX_TRACE_US = 1e13
+
+
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+    """A finite, non-negative microsecond count (a trace edited to ``Infinity``, ``1e999`` or a huge integer would
+    turn every median and share into inf or nan)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_TRACE_US  # nan fails too
 
 
 #: the largest trace and dumped subgraph read (a 30-run trace of a 400-node model is ~20 MB)

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..textfmt import table
+from ..textfmt import printable, table
 from .result import EngineGraph
+
+#: the longest name shown in a line or cell (a trace or model may name a node with a megabyte)
+MAX_NAME = 120
+
+
+def _n(name: object) -> str:
+    """A node, kind or provider name on one line, cut to :data:`MAX_NAME` characters, control characters escaped
+    (a newline in a name cannot forge a line of the rendering)."""
+    text = printable(name)
+    return text if len(text) <= MAX_NAME else text[:MAX_NAME - 3] + "..."
 
 
 def _ms(value: float | None) -> str:
@@ -37,11 +47,13 @@ def render(graph: EngineGraph, top: int = 10) -> str:
                          "unprofiled (wall, median; the same session once its profiler ended)")
     for label, key in (("providers", "provider"), ("precisions", "precision")):
         counts = Counter(getattr(n, key) or "?" for n in graph.nodes)
-        lines.append(f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+        lines.append(f"{label}: " + (", ".join(f"{_n(k)} {v}" for k, v in counts.most_common()) or "none (no "
+                                                                                                   "executed node)"))
     falls = graph.fallbacks()
     if falls:
         lines.append(f"FELL BACK: {len(falls)} node(s) ran on another provider than "
-                     f"{d.get('requested_provider')}: " + ", ".join(f"{n.name} ({n.provider})" for n in falls[:5]))
+                     f"{_n(d.get('requested_provider'))}: "
+                     + ", ".join(f"{_n(n.name)} ({_n(n.provider)})" for n in falls[:5]))
     slow = graph.slowest(top)
     if slow:
         end = graph.end_to_end_mean_ms or graph.end_to_end_ms
@@ -49,13 +61,15 @@ def render(graph: EngineGraph, top: int = 10) -> str:
         lines += ["", f"slowest {len(slow)} nodes (median ms per run):", table(
             ["node", "kind", "provider", "precision", "ms", "p90"] + (["dispatch"] if dispatch else [])
             + ["share", "ONNX nodes"],
-            [[n.name, n.kind, n.provider or "-", n.precision or "-", _ms(n.latency_ms), _ms(n.latency_p90_ms)]
+            [[_n(n.name), _n(n.kind), _n(n.provider or "-"), _n(n.precision or "-"), _ms(n.latency_ms),
+              _ms(n.latency_p90_ms)]
              + ([_ms(n.dispatch_ms)] if dispatch else [])
              + [f"{(n.latency_mean_ms or 0) / end:.1%}" if end else "-",
-                ", ".join(n.onnx_nodes[:3]) + (f" (+{len(n.onnx_nodes) - 3})" if len(n.onnx_nodes) > 3 else "")]
+                ", ".join(_n(o) for o in n.onnx_nodes[:3])
+                + (f" (+{len(n.onnx_nodes) - 3})" if len(n.onnx_nodes) > 3 else "")]
              for n in slow])]
     for note in graph.notes:
-        lines.append(f"note: {note}")
+        lines.append(f"note: {printable(note)}")
     return "\n".join(lines)
 
 

@@ -144,12 +144,18 @@ class ComparePanel(widgets.VBox):
         if not text:
             return None
         path = Path(text).expanduser()
-        if not path.is_file():
-            raise InputError(f"candidate file {path} not found", "type the path of your converted .onnx, or upload it")
+        if not path.is_file():  # a folder, a FIFO or a device is not "not found": say which
+            shown = _one_line(str(path), MAX_NAME_SHOWN)
+            what = ("not found: it is a folder, not a file" if path.is_dir() else
+                    "not found: it is not a regular file (a pipe, device or socket)" if path.exists() else "not found")
+            raise InputError(f"candidate file {shown} {what}", "type the path of your converted .onnx, or upload it")
         return str(path)
 
     def _on_upload(self, change: dict) -> None:
-        """An uploaded .onnx goes to a private temporary folder (never the working directory) and fills the path."""
+        """An uploaded .onnx goes to a private temporary folder (never the working directory) and fills the path.
+        The browser's file name is only a label: cut to a safe base name (no folder part, no ``..``, no NUL or
+        control characters, at most :data:`MAX_UPLOAD_NAME` characters), so no name can write elsewhere or fail."""
+        import shutil
         import tempfile
         from pathlib import Path
 
@@ -157,10 +163,16 @@ class ComparePanel(widgets.VBox):
         if not files:
             return
         item = files[0]
-        name = Path(str(item.get("name") or "candidate.onnx")).name or "candidate.onnx"
-        dest = Path(tempfile.mkdtemp(prefix="workbench-upload-")) / name
-        dest.write_bytes(bytes(item["content"]))
-        self.cand_file.value = str(dest)
+        name = _upload_name(item.get("name"))
+        folder = Path(tempfile.mkdtemp(prefix="workbench-upload-"))
+        try:
+            (folder / name).write_bytes(bytes(item["content"]))
+        except (OSError, TypeError, ValueError) as e:  # a full disk, content that is not bytes: one line, no trace
+            shutil.rmtree(folder, ignore_errors=True)
+            self.precision.value = message_html(f"the uploaded file {name} could not be kept: "
+                                                f"{_one_line(type(e).__name__ + ': ' + str(e))}", "error")
+            return
+        self.cand_file.value = str(folder / name)
 
     def candidate_file_info(self) -> dict | None:
         """What the candidate file typed or uploaded is, read from the file itself (cached while its path, size and
@@ -179,18 +191,22 @@ class ComparePanel(widgets.VBox):
         try:
             st = path.stat()
             key: tuple = (str(path.absolute()), st.st_size, st.st_mtime_ns)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the typed path
             key = (str(path.absolute()), None, None)
         if self._file_info is not None and self._file_info[0] == key:
             return self._file_info[1]
-        info: dict = {"path": str(path), "name": path.name}
+        info: dict = {"path": str(path), "name": _one_line(path.name, MAX_NAME_SHOWN)}
         try:
             loaded = load_model(path)
             inferred = infer_precision(loaded.proto)
             info["sha256"] = loaded.fingerprint
-            info["precision"] = Precision(inferred.precision, f"read from your file {path.name}: {inferred.source}")
+            info["precision"] = Precision(inferred.precision, f"read from your file {info['name']}: {inferred.source}")
+        except (OSError, ValueError) as e:  # the path itself: too long, a NUL in it, a permission (not our bug)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+            info["error"] = _one_line(f"cannot open {_one_line(str(path), MAX_NAME_SHOWN)}: {why} -- type the path "
+                                      "of your converted .onnx, or upload it")
         except Exception as e:  # noqa: BLE001 - shown as one line; the run says it again
-            info["error"] = error_text(e).splitlines()[0] if str(e) else type(e).__name__
+            info["error"] = _one_line(error_text(e) if str(e) else type(e).__name__)
         self._file_info = (key, info)
         return info
 
@@ -576,6 +592,40 @@ def _candidate_label(result: Any) -> str:
     if variant.get("variant") == "user model" and variant.get("file"):
         return f"{variant['file']} on {result.candidate}"
     return str(result.candidate)
+
+
+#: the longest file name kept from an upload, and shown for the candidate file; the longest error line shown
+MAX_UPLOAD_NAME = 120
+MAX_NAME_SHOWN = 120
+MAX_ERROR_SHOWN = 600
+
+
+def _one_line(text: str, limit: int = MAX_ERROR_SHOWN) -> str:
+    """``text`` on one line (control characters escaped, so a newline in a path cannot cut the message short or
+    hide what it is about), at most ``limit`` characters."""
+    from ..textfmt import printable
+
+    text = printable(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _upload_name(raw: Any) -> str:
+    """A safe file name for an upload: the base name of what the browser sent, control characters and NUL
+    replaced, ``.``/``..``/empty refused, cut to :data:`MAX_UPLOAD_NAME` characters keeping the ``.onnx`` suffix."""
+    import re
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    name = PureWindowsPath(PurePosixPath(str(raw or "")).name).name  # "..\\x.onnx" from Windows too
+    name = re.sub(r"[\x00-\x1f\x7f/\\]", "_", name).strip()
+    if name in ("", ".", "..") or set(name) <= {"."}:
+        name = "candidate.onnx"
+    stem, dot, ext = name.rpartition(".")
+    ext = f".{ext}" if dot and len(ext) <= 10 else ""
+    stem = (stem if dot and ext else name).encode("utf-8", "replace").decode("utf-8")  # lone surrogates: '?'
+    stem = stem[:MAX_UPLOAD_NAME - len(ext)]
+    while len((stem + ext).encode("utf-8")) > 200:  # file systems count bytes (255): 120 emoji are 480
+        stem = stem[:-1]
+    return stem + ext
 
 
 def _precision_html(precision: dict, what: str) -> str:

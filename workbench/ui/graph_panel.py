@@ -371,7 +371,7 @@ class GraphPanel(widgets.VBox):
     def _describe(self, name: str) -> None:
         model, result = self.state.model, self.state.result
         node = model.graph.node(name)
-        lines = [f"{_text(name, 'b')} ({html.escape(node.op_type)}, #{node.topo_index})"]
+        lines = [f"{_text(name, 'b')} ({_plain(node.op_type)}, #{node.topo_index})"]
         compared = False
         if result is not None:
             for t in result.tensors:
@@ -388,7 +388,7 @@ class GraphPanel(widgets.VBox):
                     lines.append(f"culprit #{k}: {html.escape(c.explanation)}")
         engine = self.engine_graph()
         if engine is not None:
-            lines += [html.escape(line) for line in EngineView.of(engine).describe(name)]
+            lines += [_text(line) for line in EngineView.of(engine).describe(name)]  # names bounded too
         self.show_errors.disabled = not compared
         try:
             inspector = inspector_html(node_details(model.proto, model.graph, name))
@@ -404,19 +404,30 @@ def hint_html() -> str:
 
 def _text(value: Any, tag: str = "span", cls: str = "") -> str:
     """``value`` escaped in a ``tag``: cut to MAX_SHOWN characters (an ellipsis), the whole value (up to MAX_TITLE)
-    in its tooltip, so that a long name or a big tensor never widens the pane."""
-    value = str(value)
+    in its tooltip, so that a long name or a big tensor never widens the pane; control characters escaped."""
+    from ..textfmt import printable
+
+    value = printable(value)  # control characters escaped: a newline or NUL in a name shows as \\n, \\x00
     shown = value if len(value) <= MAX_SHOWN else value[:MAX_SHOWN - 1] + "\u2026"
     title = value if len(value) <= MAX_TITLE else value[:MAX_TITLE - 1] + "\u2026"
     attrs = (f" class='{cls}'" if cls else "") + f" title='{html.escape(title, quote=True)}'"
     return f"<{tag}{attrs}>{html.escape(shown)}</{tag}>"
 
 
+def _plain(value: Any) -> str:
+    """``value`` escaped as text, control characters escaped, cut to MAX_SHOWN characters (no tooltip: an op type,
+    a domain, an attribute type or a tensor kind from a hostile model is bounded too)."""
+    from ..textfmt import printable
+
+    value = printable(value)
+    return html.escape(value if len(value) <= MAX_SHOWN else value[:MAX_SHOWN - 1] + "\u2026")
+
+
 def inspector_html(d: dict) -> str:
     """The node inspector (like Netron's): op type and domain, attributes with values, inputs and outputs with
     dtype and shape (an initializer's first values), as a table. Long names and values wrap (or are cut, the
     whole value in the tooltip); colours come from the theme (static/workbench.css, ``.wb-inspector``)."""
-    e = html.escape
+    e = _plain
     rows = [f"<tr><th>type</th><td><b>{e(d['op_type'])}</b> <span class='wb-muted'>{e(d['domain'])}</span>"
             "</td></tr>"]
     rows.append(f"<tr><th colspan=2>attributes ({len(d['attributes'])})</th></tr>")
