@@ -78,7 +78,10 @@ def openvino_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: in
     # the run as OpenVINO timed it (not the Python call around it), where this OpenVINO says
     native = all(v is not None and v > 0 for v in natives) and bool(natives)
     totals = natives if native else walls
-    nodes, executed_names, folded_by_engine = _runtime_nodes(compiled, counters, names, og)
+    # a node counts as executed when any run (the warm-up included) says so: OpenVINO reports a node NOT_RUN once its
+    # running average, in whole microseconds, truncates to 0 (sub-microsecond nodes drop out after a few runs)
+    ever = {name for a in averages for name, (_, ran) in a.items() if ran}
+    nodes, executed_names, folded_by_engine = _runtime_nodes(compiled, ever, names, og)
     mapped = map_runtime(og, nodes, folded_by_engine, main_ops=MAIN_OPS, layout_kinds=tuple(_LAYOUT))
     raw = {e["name"]: e["raw"] for e in nodes}
     for node in mapped["nodes"]:
@@ -93,7 +96,7 @@ def openvino_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: in
     end = stats(totals if runs else [])
     shares = [sum(c.values()) / total for c, total in zip(counters, totals) if total > 0]
     outside = [max(0.0, total - sum(c.values())) for c, total in zip(counters, totals)]
-    counted = max((len(c) for c in counters), default=0)
+    counted = len(executed_names)
     overhead = {"outside_nodes_ms": stats(outside)["median"],
                 "python_call_ms": stats([w - t for w, t in zip(walls, totals)])["median"] if native else None,
                 "counter_resolution_ms": counted * 1e-3,
@@ -127,10 +130,11 @@ def per_run(averages: list[dict[str, tuple[float, bool]]]) -> list[dict[str, flo
     """Each inference's node times, from the counters read after each: OpenVINO's CPU plugin reports every node's
     average over all inferences since compiling (its PerfCount), so the k-th inference took k * avg_k - (k - 1) *
     avg_(k-1) (microsecond resolution: up to k us of rounding per node)."""
-    out, before = [], {}
+    out, before, seen = [], {}, set()
     for k, now in enumerate(averages, 1):
-        out.append({name: max(0.0, k * avg - (k - 1) * before.get(name, 0.0)) for name, (avg, ran) in now.items()
-                    if ran})
+        seen |= {name for name, (_, ran) in now.items() if ran}  # a sub-microsecond node's average truncates to 0
+        out.append({name: max(0.0, k * avg - (k - 1) * before.get(name, 0.0)) for name, (avg, _) in now.items()
+                    if name in seen})  # and it is reported NOT_RUN from then on: it still ran
         before = {name: avg for name, (avg, _) in now.items()}
     return out
 
@@ -201,12 +205,11 @@ def _info(op, key: str) -> str:
     return info[key].astype(str) if key in info else ""
 
 
-def _runtime_nodes(compiled, counters: list[dict], names: dict[str, str], og: OnnxGraph):
-    """Executed runtime nodes as dicts (name, kind, kernel, precision, order, origin: ONNX nodes named, preds: names
-    of the executed nodes it reads, through non-executed ones), their names, and ONNX nodes that only non-executed
-    nodes name (folded while compiling)."""
+def _runtime_nodes(compiled, ran: set[str], names: dict[str, str], og: OnnxGraph):
+    """Executed runtime nodes (``ran``: the names OpenVINO reported EXECUTED) as dicts (name, kind, kernel,
+    precision, order, origin: ONNX nodes named, preds: names of the executed nodes it reads, through non-executed
+    ones), their names, and ONNX nodes that only non-executed nodes name (folded while compiling)."""
     ops = compiled.get_runtime_model().get_ordered_ops()
-    ran = {name for c in counters for name in c}
     nodes, by_name, folded, taken = [], {}, set(), set()
     for op in ops:
         name, kind = op.get_friendly_name(), _info(op, "layerType")
