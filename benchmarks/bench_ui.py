@@ -91,6 +91,7 @@ class JupyterLab:
     state (config, runtime, workspaces, settings) lives in the scratch folder."""
 
     def __init__(self, root: Path | None = None, notebooks: list[str] | None = None) -> None:
+        self.own_root = root is None  # a scratch folder of ours: removed when the server stops (__exit__)
         self.root = Path(root or tempfile.mkdtemp(prefix="workbench-lab-"))
         self.port, self.token = free_port(), "wb-" + os.urandom(8).hex()
         self.proc: subprocess.Popen | None = None
@@ -156,6 +157,8 @@ class JupyterLab:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        if self.own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def notebook_url(self, name: str) -> str:
         return f"{self.url}/lab/tree/notebooks/{name}?token={self.token}&reset"

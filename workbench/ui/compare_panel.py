@@ -152,11 +152,13 @@ class ComparePanel(widgets.VBox):
         return str(path)
 
     def _on_upload(self, change: dict) -> None:
-        """An uploaded .onnx goes to a private temporary folder (never the working directory) and fills the path.
+        """An uploaded .onnx goes to a private temporary folder (never the working directory; removed with the panel
+        or when Python exits) and fills the path.
         The browser's file name is only a label: cut to a safe base name (no folder part, no ``..``, no NUL or
         control characters, at most :data:`MAX_UPLOAD_NAME` characters), so no name can write elsewhere or fail."""
         import shutil
         import tempfile
+        import weakref
         from pathlib import Path
 
         files = change["new"] or ()
@@ -165,6 +167,8 @@ class ComparePanel(widgets.VBox):
         item = files[0]
         name = _upload_name(item.get("name"))
         folder = Path(tempfile.mkdtemp(prefix="workbench-upload-"))
+        # kept while the panel lives (a comparison may still read it), removed with the panel or at exit
+        weakref.finalize(self, shutil.rmtree, str(folder), True)
         try:
             (folder / name).write_bytes(bytes(item["content"]))
         except (OSError, TypeError, ValueError) as e:  # a full disk, content that is not bytes: one line, no trace
