@@ -1,7 +1,5 @@
 """``python -m workbench``."""
 
-import sys
+from .cli import entry
 
-from .cli import main
-
-sys.exit(main())
+entry()

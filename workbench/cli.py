@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -676,6 +677,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "(rerun it with `workbench rerun DIR`)")
     p.set_defaults(func=cmd_repair)
     return parser
+
+
+def entry() -> None:
+    """The ``workbench`` command (and ``python -m workbench``): :func:`main`, then exit with its code. After a Ctrl-C
+    (130) the process leaves at once (``os._exit``, outputs flushed; ``with`` blocks have already cleaned up while the
+    interrupt unwound): ONNX Runtime or OpenVINO may still be busy in native threads, and interpreter shutdown under
+    them can crash (SIGSEGV) after the "interrupted" line."""
+    code = main()
+    if code == 130:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
