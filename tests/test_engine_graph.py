@@ -6,6 +6,7 @@ its live path only where tensorrt imports."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -363,3 +364,15 @@ def test_plots_and_panel_show_slowest_nodes_with_their_error(fetch_model):
     graph.compute_nodes[0].provider = "CUDAExecutionProvider"
     panel.show(graph)
     assert "fell back" in panel.warning.value and "CUDAExecutionProvider" in panel.warning.value
+
+
+def test_engine_graph_json_with_a_timing_that_is_not_a_number_says_where(trt_path):
+    doc = engine_graph(trt_path, "ort", runs=1).to_json()
+    EngineGraph.from_json(json.loads(json.dumps(doc)))  # as written: reads
+    for where, edit in (("accounted_share", lambda d: d.update(accounted_share="x")),
+                        ("overhead.between_nodes_ms", lambda d: d["overhead"].update(between_nodes_ms=[1])),
+                        ("nodes[0].dispatch_ms", lambda d: d["nodes"][0].update(dispatch_ms=True))):
+        bad = json.loads(json.dumps(doc))
+        edit(bad)
+        with pytest.raises(WorkbenchError, match=r"malformed \(" + re.escape(where)):
+            EngineGraph.from_json(bad)

@@ -79,6 +79,7 @@ def test_inspect_report_is_offline_and_shows_the_json_numbers(tiny, tmp_path, ca
         assert row[3:7] == [node["provider"], node["precision"], f"{node['latency_ms']:.4g}",
                             f"{node['latency_p90_ms']:.4g}"]
         assert [s.strip() for s in row[8].split(",")] == node["onnx_nodes"]
+        assert row[9] == f"{node['dispatch_ms']:.4g}"  # ORT: the dispatch time before the node, from its trace
     assert f"{doc['end_to_end_ms']:.4g} ms</b> median" in _section(text, "Summary")
     fused = [n for n in doc["nodes"] if n["role"] == "compute" and len(n["onnx_nodes"]) > 1]
     assert len(fused) >= 2 and [r[0] for r in _rows(_section(text, "Fused groups"))] == [n["name"] for n in fused]

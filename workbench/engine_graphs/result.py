@@ -168,6 +168,7 @@ class EngineGraph:
             found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
             raise WorkbenchError(f"not an engine graph (schema {found!r}, expected {SCHEMA!r})",
                                  "pass a file written by `workbench inspect MODEL --engine SPEC --json OUT`")
+        _check_numbers(doc)
         try:
             return cls(engine=doc["engine"], nodes=[EngineNode.from_json(n) for n in doc["nodes"]],
                        end_to_end_ms=doc.get("end_to_end_ms"), end_to_end_p90_ms=doc.get("end_to_end_p90_ms"),
@@ -197,6 +198,34 @@ class EngineGraph:
             raise WorkbenchError(f"engine graph {path} is not valid JSON ({type(e).__name__})",
                                  "pass a file written by `workbench inspect MODEL --engine SPEC --json OUT`") from None
         return cls.from_json(doc)
+
+
+_NUMBERS = ("end_to_end_ms", "end_to_end_p90_ms", "end_to_end_mean_ms", "latency_share", "accounted_share")
+_NODE_NUMBERS = ("latency_ms", "latency_p90_ms", "latency_mean_ms", "dispatch_ms")
+
+
+def _check_numbers(doc: dict) -> None:
+    """Every timing in an engine graph JSON is a number or null (a file edited by hand says where it is not)."""
+    def bad(where: str, value: Any) -> WorkbenchError:
+        return WorkbenchError(f"engine graph JSON is malformed ({where} is {type(value).__name__} {value!r:.40}, not a "
+                              "number or null)", "rewrite it with `workbench inspect MODEL --engine SPEC --json OUT`")
+
+    def number(v: Any) -> bool:
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    for key in _NUMBERS:
+        if not number(doc.get(key)):
+            raise bad(key, doc.get(key))
+    overhead = doc.get("overhead") or {}
+    if not isinstance(overhead, dict):
+        raise bad("overhead", overhead)
+    for key, value in overhead.items():
+        if str(key).endswith("_ms") and not number(value):
+            raise bad(f"overhead.{key}", value)
+    for k, node in enumerate(doc.get("nodes") or []):
+        for key in _NODE_NUMBERS:
+            if isinstance(node, dict) and not number(node.get(key)):
+                raise bad(f"nodes[{k}].{key}", node.get(key))
 
 
 def _rounded(value: Any) -> float | None:
