@@ -61,6 +61,17 @@ def subgraphs(model: onnx.ModelProto) -> dict[str, onnx.ModelProto]:
     return {T0: dumped(model, TRT_NODES[T0]), T1: dumped(model, TRT_NODES[T1], keep_names=False)}
 
 
+def recorded_files(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny model and its dumped subgraphs as files (what `inspect --ort-trace` reads): (model, dumps folder)."""
+    model = tiny_model()
+    onnx.save(model, tmp_path / "tiny.onnx")
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for name, sub in subgraphs(model).items():
+        onnx.save(sub, dumps / f"{name}.onnx")
+    return tmp_path / "tiny.onnx", dumps
+
+
 def events() -> list[dict]:
     return json.loads(TRACE.read_text(encoding="utf-8"))
 
@@ -253,14 +264,9 @@ def test_cli_inspect_reads_the_recorded_trace_and_dumps(tmp_path, capsys):
     the two flags go together, with --engine ort-trt."""
     from workbench.cli import main
 
-    model = tiny_model()
-    onnx.save(model, tmp_path / "tiny.onnx")
-    dumps = tmp_path / "dumps"
-    dumps.mkdir()
-    for name, sub in subgraphs(model).items():
-        onnx.save(sub, dumps / f"{name}.onnx")
+    model_path, dumps = recorded_files(tmp_path)
     out = tmp_path / "g.json"
-    assert main(["inspect", str(tmp_path / "tiny.onnx"), "--engine", "ort-trt", "--ort-trace",
+    assert main(["inspect", str(model_path), "--engine", "ort-trt", "--ort-trace",
                  str(DATA / "profile.json"), "--trt-subgraphs", str(dumps), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     trt = [n for n in doc["nodes"] if n["provider"] == "TensorrtExecutionProvider" and n["role"] == "compute"]
@@ -268,7 +274,7 @@ def test_cli_inspect_reads_the_recorded_trace_and_dumps(tmp_path, capsys):
                                               ["/fc/Gemm", "/softmax/Softmax"]]
     assert doc["end_to_end_ms"] == pytest.approx(0.48)
     assert "TRTKernel" in capsys.readouterr().out
-    assert main(["inspect", str(tmp_path / "tiny.onnx"), "--engine", "ort", "--ort-trace",
+    assert main(["inspect", str(model_path), "--engine", "ort", "--ort-trace",
                  str(DATA / "profile.json")]) == 2
     assert "--ort-trace and --trt-subgraphs go together" in capsys.readouterr().err
 

@@ -12,26 +12,14 @@ import json
 import shutil
 from pathlib import Path
 
-import onnx
 import pytest
-from test_engine_graph_ort_trt import TRACE, events, subgraphs, tiny_model
+from test_engine_graph_ort_trt import TRACE, events, recorded_files, subgraphs, tiny_model
 
 from workbench.engine_graphs.ort_trt_graph import from_ort_trt_records
 from workbench.engine_graphs.result import EngineGraph, EngineNode
 from workbench.errors import WorkbenchError
 
 HOSTILE = "a\nb<img src=x onerror=alert(1)>\"'\x1b[31m"
-
-
-def _records(tmp_path: Path) -> tuple[Path, Path]:
-    """The tiny model and its dumped subgraphs as files (what `inspect --ort-trace` reads)."""
-    model = tiny_model()
-    onnx.save(model, tmp_path / "tiny.onnx")
-    dumps = tmp_path / "dumps"
-    dumps.mkdir()
-    for name, sub in subgraphs(model).items():
-        onnx.save(sub, dumps / f"{name}.onnx")
-    return tmp_path / "tiny.onnx", dumps
 
 
 def _last_run_ts(evs: list[dict]) -> int:
@@ -70,7 +58,7 @@ def test_a_node_name_with_a_newline_cannot_forge_a_line_and_is_bounded_in_the_te
     output, and a 5,000-character name made every table row 5,000 characters wide."""
     from workbench.cli import main
 
-    model, dumps = _records(tmp_path)
+    model, dumps = recorded_files(tmp_path)
     evs = events()
     name = HOSTILE + "x" * 5000
     evs.append({"cat": "Node", "name": name + "_kernel_time", "ts": _last_run_ts(evs) + 1, "dur": 1,
@@ -93,7 +81,7 @@ def test_an_output_inside_the_dumps_folder_is_refused(tmp_path, capsys, option, 
     failed with "the dumped subgraph new.onnx is not an ONNX model"."""
     from workbench.cli import main
 
-    model, dumps = _records(tmp_path)
+    model, dumps = recorded_files(tmp_path)
     before = sorted(p.name for p in dumps.iterdir())
     assert main(["inspect", str(model), "--engine", "ort-trt", "--ort-trace", str(TRACE), "--trt-subgraphs",
                  str(dumps), option, str(dumps / where)]) == 2
