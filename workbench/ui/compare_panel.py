@@ -592,10 +592,8 @@ def _result_file(result: Any) -> tuple | None:
 def _candidate_label(result: Any) -> str:
     """The candidate as the user knows it: their own file by name on its engine ("my_fp16.onnx on ort") when the
     result ran one (else "ort against ort" would read as the model against itself), else the spec ("ort:fp16")."""
-    variant = result.variant or {}
-    if variant.get("variant") == "user model" and variant.get("file"):
-        return f"{variant['file']} on {result.candidate}"
-    return str(result.candidate)
+    ran = _result_file(result)
+    return f"{ran[0]} on {result.candidate}" if ran and ran[0] else str(result.candidate)
 
 
 #: the longest file name kept from an upload, and shown for the candidate file; the longest error line shown
