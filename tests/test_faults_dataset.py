@@ -178,30 +178,38 @@ def test_user_code_calling_sys_exit_is_one_error_line(tmp_path, capsys):
     assert rc == 2 and "cannot import preprocess" in err
 
 
-def test_preprocess_that_never_returns_can_be_cancelled(tmp_path):
-    model = _model(tmp_path / "m.onnx")
-    data = _folder(tmp_path / "d", 3)
-    release = threading.Event()
-    cancel = threading.Event()
+def _cancelled_while_stuck(work, release: threading.Event, cancel: threading.Event, after_s: float) -> None:
+    """Run ``work`` on a thread, set ``cancel`` after ``after_s``: it must end within 5 s with Cancelled (``release``
+    then lets the stuck preprocess return, so the reader thread ends with the test)."""
     got = {}
-
-    def stuck(path):
-        release.wait(60)  # "sleeps forever" (released at the end so the reader thread ends with the test)
-        return _feed()["x"]
 
     def run():
         try:
-            compare_dataset(model, "ort", "ort:fp16", data, preprocess=stuck, cancel=cancel)
+            work()
         except BaseException as e:  # noqa: BLE001 - the test looks at what it was
             got["error"] = e
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.3)
+    time.sleep(after_s)
     cancel.set()
     t.join(5)
     release.set()
     assert not t.is_alive() and isinstance(got.get("error"), Cancelled)
+
+
+def test_preprocess_that_never_returns_can_be_cancelled(tmp_path):
+    model = _model(tmp_path / "m.onnx")
+    data = _folder(tmp_path / "d", 3)
+    release = threading.Event()
+    cancel = threading.Event()
+
+    def stuck(path):
+        release.wait(60)  # "sleeps forever" (released at the end so the reader thread ends with the test)
+        return _feed()["x"]
+
+    _cancelled_while_stuck(lambda: compare_dataset(model, "ort", "ort:fp16", data, preprocess=stuck, cancel=cancel),
+                           release, cancel, 0.3)
 
 
 def test_a_calibration_pass_over_a_stuck_preprocess_can_be_cancelled(tmp_path):
@@ -212,21 +220,7 @@ def test_a_calibration_pass_over_a_stuck_preprocess_can_be_cancelled(tmp_path):
     release, cancel = threading.Event(), threading.Event()
     stream = as_feeds(load_model(_model(tmp_path / "m.onnx")), data,
                       preprocess=lambda path: release.wait(60) and _feed()["x"], cancel=cancel)
-    got = {}
-
-    def run():
-        try:
-            list(stream)
-        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
-            got["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    time.sleep(0.2)
-    cancel.set()
-    t.join(5)
-    release.set()
-    assert not t.is_alive() and isinstance(got.get("error"), Cancelled)
+    _cancelled_while_stuck(lambda: list(stream), release, cancel, 0.2)
 
 
 @pytest.mark.parametrize("value, fragment", [

@@ -18,7 +18,7 @@ import ipywidgets as widgets
 from ..compare.text import fmt as fmt_metric
 from ..core.metric_info import HIGHER_IS_BETTER, JUDGED, METRIC_INFO
 from .downloads import download_html
-from .engine_pair import EnginePair
+from .engine_pair import EnginePair, PairedPanel
 from .fallbacks import fallback_notes
 from .inputs_box import InputsBox
 from .jobs import JobControls
@@ -35,7 +35,7 @@ DEFAULT_THRESHOLDS = {m: info.tolerance for m, info in METRIC_INFO.items()
 AUTO_METRIC = "default for the candidate precision"
 
 
-class ComparePanel(widgets.VBox):
+class ComparePanel(PairedPanel, widgets.VBox):
     """``ComparePanel(model)``; ``run()`` starts a comparison (also what the Run button does), ``wait()`` joins it."""
 
     def __repr__(self) -> str:
@@ -124,10 +124,6 @@ class ComparePanel(widgets.VBox):
         if self.state.result is not None:
             self.show_result(self.state.result)
         self.show_history()
-
-    @property
-    def reference(self) -> str:
-        return self.pair.reference
 
     @property
     def candidate(self) -> str:

@@ -24,7 +24,7 @@ from ..compare.text import fmt as fmt_metric
 from ..core.floats import decode_float
 from ..dataset.metrics import BUILTIN
 from ..errors import InputError
-from .engine_pair import EnginePair
+from .engine_pair import EnginePair, PairedPanel
 from .figures import clear, show_figure
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
@@ -40,7 +40,7 @@ METRIC_LABELS = {"top1": "top1: argmax agrees", "topk": "topk: top-K sets overla
                  "ctc": "ctc: greedy CTC decode agrees", "mask_iou": "mask_iou: IoU of output > T"}
 
 
-class DatasetPanel(widgets.VBox):
+class DatasetPanel(PairedPanel, widgets.VBox):
     """``DatasetPanel(model)``; ``set_dataset(obj)`` takes samples from the notebook, ``run()`` starts the dataset
     comparison (the Run button), ``open_sample(index)`` opens one sample layer by layer (a click on it), ``wait()``
     joins both. ``result``: the latest :class:`~workbench.dataset.DatasetResult` (None while none is current)."""
@@ -145,14 +145,6 @@ class DatasetPanel(widgets.VBox):
         self.summary.value = message_html("no dataset comparison yet: choose the samples and press Run", "info")
         if dataset is not None or preprocess is not None:
             self.set_dataset(dataset, preprocess)
-
-    @property
-    def reference(self) -> str:
-        return self.pair.reference
-
-    @property
-    def candidate(self) -> str:
-        return self.pair.candidate
 
     # --- choices ---------------------------------------------------------------------------------------------
     def _on_source(self, _change: Any = None) -> None:

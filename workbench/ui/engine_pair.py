@@ -65,3 +65,17 @@ class EnginePair:
                 hint = " (use ort:int8)" if engine == "ref" and variant == "int8" else ""
                 out.append(f"{engine}: the engine has no {variant} variant; it runs {', '.join(variants)}{hint}")
         return out
+
+
+class PairedPanel:
+    """A panel that picks its reference and candidate with an :class:`EnginePair` in ``self.pair``: the specs."""
+
+    pair: EnginePair
+
+    @property
+    def reference(self) -> str:
+        return self.pair.reference
+
+    @property
+    def candidate(self) -> str:
+        return self.pair.candidate

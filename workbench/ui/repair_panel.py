@@ -27,7 +27,7 @@ from traitlets import Bool, List, Unicode
 from .._atomic import umask
 from ..errors import InputError
 from .downloads import MAX_INLINE_BYTES, download_html  # noqa: F401 - re-exported
-from .engine_pair import EnginePair
+from .engine_pair import EnginePair, PairedPanel
 from .figures import clear, show_figure
 from .inputs_box import InputsBox
 from .jobs import JobControls
@@ -38,7 +38,7 @@ from .tables import fmt, table_html
 
 log = logging.getLogger(__name__)
 
-class RepairPanel(widgets.VBox):
+class RepairPanel(PairedPanel, widgets.VBox):
     """``RepairPanel(model)``; ``run()`` starts a repair (also what the Run button does), ``wait()`` joins it,
     ``make_bug_report()`` runs reduce() and zips its folder.
 
@@ -119,14 +119,6 @@ class RepairPanel(widgets.VBox):
         self._clear(message_html("no repair yet: choose the engines and a target, then press Run", "info"))
 
     # --- engines ---------------------------------------------------------------------------------------------
-    @property
-    def reference(self) -> str:
-        return self.pair.reference
-
-    @property
-    def candidate(self) -> str:
-        return self.pair.candidate
-
     def _on_engine(self, _change: Any = None) -> None:
         problems = self.pair.problems(self.state.model)
         self._problems = problems
