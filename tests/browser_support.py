@@ -12,6 +12,10 @@ import pytest
 from conftest import REPO, load_file
 
 H = load_file(REPO / "benchmarks" / "bench_ui.py")
+#: a notebook cell showing the Workbench on the FP16 sample (plotly offline), as a user starts
+SAMPLE_WORKBENCH_CELL = ('import plotly.io as pio\n\npio.renderers.default = "plotly_mimetype"\n'
+                         'from pathlib import Path\n\nfrom workbench import Workbench\n\n'
+                         'wb = Workbench(Path("../sample_models/fp16_clamp_constant.onnx").resolve())\nwb')
 
 
 def artifacts_folder(name: str) -> Path:

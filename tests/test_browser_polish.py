@@ -286,11 +286,7 @@ def test_dark_theme_keeps_headings_buttons_and_plots_readable(lab_page, artifact
     boxes, the graph canvas and the plots follow the theme; the plot titles fit inside their figures; the saved
     result JSON is downloadable."""
     lab, page, errors = lab_page
-    name = lab.write_notebook("dark.ipynb", [
-        'import plotly.io as pio\n\npio.renderers.default = "plotly_mimetype"\nfrom pathlib import Path\n\n'
-        'from workbench import Workbench\n\n'
-        'wb = Workbench(Path("../sample_models/fp16_clamp_constant.onnx").resolve())\nwb',
-    ])
+    name = lab.write_notebook("dark.ipynb", [B.SAMPLE_WORKBENCH_CELL])
     H.open_notebook(page, lab, name)
     H.run_all(page)
     wb = _panel(page).locator(".jp-OutputArea-output").filter(has=page.locator(".wb-title")).first

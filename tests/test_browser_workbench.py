@@ -107,11 +107,7 @@ def test_repair_tab_keeps_the_culprit_and_offers_downloads(browser_page, artifac
     import onnx
 
     lab, page, errors = browser_page
-    name = lab.write_notebook("repair.ipynb", [
-        'import plotly.io as pio\n\npio.renderers.default = "plotly_mimetype"\nfrom pathlib import Path\n\n'
-        'from workbench import Workbench\n\n'
-        'wb = Workbench(Path("../sample_models/fp16_clamp_constant.onnx").resolve())\nwb',
-    ])
+    name = lab.write_notebook("repair.ipynb", [B.SAMPLE_WORKBENCH_CELL])
     H.open_notebook(page, lab, name)
     H.run_all(page)
     page.wait_for_selector(".wb-title")
