@@ -91,7 +91,8 @@ def _build_module(layers: int):
         def forward(self, input_ids, attention_mask):
             x = self.ln(self.word(input_ids) + self.position(self.position_ids))
             # [B, S] -> [B, 1, 1, S]: 0 where attended, -10000 where masked (BERT's convention)
-            additive_mask = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * -10000.0
+            # the mask follows the activations' dtype, so module.half() runs it too (the FP32 export is unchanged)
+            additive_mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
             for layer in self.layers:
                 x = layer(x, additive_mask)
             return x

@@ -354,6 +354,11 @@ def test_torch_scope_prefix_follows_the_legacy_exporter():
     assert scope_prefix("layer1.0.conv1") == "/layer1/layer1.0/conv1/"
     assert scope_prefix("head.1") == "/head/head.1/"
     assert scope_prefix("a.0.1") == "/a/a.0/a.0.1/"
+    # a ModuleList iterated in forward() is never called itself: its items' scopes sit at the top
+    from workbench.engines.torch_engine import scope_prefixes
+
+    assert scope_prefixes("layers.0.ln1") == ["/layers/layers.0/ln1/", "/layers.0/ln1/"]
+    assert scope_prefixes("fc1") == ["/fc1/"]
 
 
 # -------------------------------------------------------------------------------------------- TensorRT (f)
@@ -424,7 +429,7 @@ def test_registry_and_specs():
     with pytest.raises(SpecError):
         get_engine("ort", graph_optimization="max")
     rows = {r["name"]: r for r in available_engines()}
-    assert set(rows) == {"ort", "ort-cuda", "ort-trt", "openvino", "ref", "torch", "trt"}
+    assert set(rows) == {"ort", "ort-cuda", "ort-trt", "openvino", "ref", "torch", "torch-cuda", "trt"}
     assert rows["ort"]["available"] and rows["ref"]["available"]
     assert all(set(r) == {"name", "description", "available", "reason", "variants"} for r in rows.values())
     assert rows["ref"]["variants"] == ("fp32", "fp16") and rows["ort"]["variants"] == ("fp32", "fp16", "int8")
@@ -436,7 +441,8 @@ def test_importing_engines_stays_light():
     import sys
 
     code = ("import sys, workbench.engines, workbench.engines.ort, workbench.engines.openvino_engine, "
-            "workbench.engines.reference, workbench.engines.torch_engine, workbench.engines.tensorrt, "
+            "workbench.engines.reference, workbench.engines.torch_engine, workbench.engines.torch_cuda, "
+            "workbench.engines.tensorrt, workbench.engines.fp16_arith, "
             "workbench.engines.isolated; "
             "print([m for m in ('onnxruntime', 'openvino', 'torch', 'tensorrt', 'polygraphy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

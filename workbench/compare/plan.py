@@ -39,6 +39,16 @@ from .pairs import pair_tensors
 
 log = logging.getLogger(__name__)
 
+#: variants of the torch engines that change the arithmetic but not the ONNX graph
+MODULE_ONLY_VARIANTS = ("tf32", "autocast")
+
+
+def runs_module(spec: EngineSpec) -> bool:
+    """The engine runs the torch.nn.Module itself (``torch``, ``torch-cuda``)."""
+    from ..engines.registry import class_for
+
+    return bool(getattr(class_for(spec.engine), "runs_module", False))
+
 
 def make_engine(spec: EngineSpec, *, isolate: bool | None = None, options: dict | None = None,
                 timeout_s: float | None = None) -> Engine:
@@ -46,6 +56,8 @@ def make_engine(spec: EngineSpec, *, isolate: bool | None = None, options: dict 
     opts = dict(options or {})
     if spec.engine == "ref" and spec.variant != "fp32":
         opts.setdefault("precision", "native")
+    if runs_module(spec):  # the torch engines apply the variant to the module itself
+        opts["variant"] = spec.variant
     if isolate is None:
         isolate = should_isolate(spec.engine)
     if isolate:
@@ -69,17 +81,19 @@ class ComparisonPlan:
         self.timing: dict[str, float] = {}
         self.notes: list[str] = []
         self.module = model if is_torch_module(model) else None
-        if self.module is None and "torch" in (self.ref_spec.engine, self.cand_spec.engine):
-            raise SpecError("the 'torch' engine runs a torch.nn.Module: pass the module itself as the model",
-                            "compare(module, 'torch', 'ort', example_inputs=(x,)) exports it and runs both")
+        torch_side = next((s for s in (self.ref_spec, self.cand_spec) if runs_module(s)), None)
+        if self.module is None and torch_side is not None:
+            raise SpecError(f"the '{torch_side.engine}' engine runs a torch.nn.Module: pass the module itself as the "
+                            "model", "compare(module, 'torch', 'ort', example_inputs=(x,)) exports it and runs both")
         self.model_source, self.cand_source = model, cand_model
         self.original = model if isinstance(model, LoadedModel) else load_model(model, example_inputs=example_inputs)
         check_structure(self.original.proto)  # a cycle or a tensor made twice is the model's fault, not an engine's
         self._owns_loaded = not isinstance(model, LoadedModel)
         self.engine_options = dict(opts.engine_options)
-        if self.module is not None:  # the torch engine runs the module itself
-            self.engine_options["torch"] = {"module": self.module, "example_inputs": example_inputs,
-                                            **self.engine_options.get("torch", {})}
+        if self.module is not None:  # the torch engines run the module itself
+            for spec in {s.engine: s for s in (self.ref_spec, self.cand_spec) if runs_module(s)}.values():
+                self.engine_options[spec.engine] = {"module": self.module, "example_inputs": example_inputs,
+                                                    **self.engine_options.get(spec.engine, {})}
         self.feeds, self.feed_info = _feeds(self.original.proto, feeds, opts)
         self.loaded = _inline_decided_ifs(self.original, self.feeds, self.notes) if opts.inline_branches \
             else self.original
@@ -138,6 +152,11 @@ class ComparisonPlan:
             self._engines["candidate"] = candidate_engine
         self.custom_engines = [k for k, e in (("reference", reference_engine), ("candidate", candidate_engine)) if e]
         self._lock = threading.Lock()
+        #: culprits run every node alone on the candidate engine: not possible where it runs the nn.Module
+        self.isolates_candidate = not runs_module(self.cand_spec)
+        if opts.culprits and not self.isolates_candidate:
+            self.notes.append(f"no culprit ranking: '{self.cand_spec}' runs the torch.nn.Module, which cannot run one "
+                              "ONNX node alone; the layer-wise errors still show where the answers part")
         if self.cand_spec.engine == "ort" and self.cand_precision.family == "fp16":
             self.notes.append("ONNX Runtime's CPU provider runs most FP16 ops in FP32 (it inserts Casts), so FP16 "
                               "arithmetic overflow does not show on 'ort'; converter clamps and FP16 storage do. Use "
@@ -217,12 +236,14 @@ class ComparisonPlan:
         from ..variants import make_variant
 
         calib = self.options.calibration_feeds
-        return make_variant(self.loaded.proto, spec.variant, calibration_feeds=calib if calib is not None
+        # torch-cuda's tf32/autocast change the arithmetic, not the graph: the export names its tensors
+        variant = "fp32" if runs_module(spec) and spec.variant in MODULE_ONLY_VARIANTS else spec.variant
+        return make_variant(self.loaded.proto, variant, calibration_feeds=calib if calib is not None
                             else self.feeds, keep_fp32=self.options.keep_fp32)
 
     def _precision(self, spec: EngineSpec, model: onnx.ModelProto) -> Precision:
-        if spec.engine == "torch" and self.module is not None:
-            return module_precision(self.module)
+        if runs_module(spec) and self.module is not None:
+            return module_precision(self.module, spec.variant)
         return infer_precision(model)
 
     def _engine(self, side: str, spec: EngineSpec) -> Engine:

@@ -198,7 +198,7 @@ def run_all(ctx: Context) -> Measured:
     if len(groups) > 1:
         ctx.notes.append(f"{len(plan.pairs)} tensors compared in {len(groups)} chunks to stay under the memory "
                          "budget")
-    isolate = plan.options.culprits
+    isolate = plan.options.culprits and plan.isolates_candidate
     for gi, group in enumerate(groups):
         pairs = [by_ref[t] for t in group]
         span = ctx.step.span(gi / len(groups), (gi + 1) / len(groups))

@@ -27,18 +27,27 @@ class ReferenceEngine(Engine):
 
     ``precision="native"`` runs the model in its own types instead: an FP16 variant then computes with numpy
     float16 arithmetic (``ref:fp16``), an emulation of FP16 storage and arithmetic that shows overflow which
-    ONNX Runtime's CPU provider hides (it runs most FP16 ops in FP32). Accumulation order differs from GPU kernels.
+    ONNX Runtime's CPU provider hides (it runs most FP16 ops in FP32). ``accumulate="float32"`` (the default)
+    runs the nodes that accumulate (GEMMs, convolutions, reductions, softmax, normalizations) in FP32 with FP16
+    inputs and outputs, as GPU kernels do (:mod:`workbench.engines.fp16_arith`, checked against CUDA FP16 by
+    ``scripts/gpu_check.py``); ``"float16"`` keeps onnx's evaluator's own float16 arithmetic inside them.
+    Summation order still differs from GPU kernels (a few FP16 ulps).
     """
 
     name = "ref"
-    label = ("onnx's ReferenceEvaluator in float64: the golden answer ('ref:fp16': the FP16 variant in numpy "
-             "float16 arithmetic, an emulation that shows FP16 overflow on a CPU)")
+    label = ("onnx's ReferenceEvaluator in float64: the golden answer ('ref:fp16': the FP16 variant in FP16 "
+             "arithmetic as GPU kernels do it, an emulation that shows FP16 overflow on a CPU)")
     variants = ("fp32", "fp16")
 
-    def __init__(self, precision: str = "float64"):
+    def __init__(self, precision: str = "float64", accumulate: str = "float32"):
+        from .fp16_arith import MODES
+
         if precision not in ("float64", "native"):
             raise ValueError(f"precision must be 'float64' or 'native', not {precision!r}")
+        if accumulate not in MODES:
+            raise ValueError(f"accumulate must be one of {', '.join(MODES)}, not {accumulate!r}")
         self.precision = precision
+        self.accumulate = accumulate
 
     def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
         from onnx.reference import ReferenceEvaluator
@@ -50,7 +59,7 @@ class ReferenceEngine(Engine):
         if files is not None:  # weights on disk (skeleton references): load them into a private copy
             model = files.materialize(model)
         # a copy (the evaluator keeps its nodes), in topological order (it runs nodes in file order)
-        wide = sort_nodes(to_float64(model) if self.precision == "float64" else _copy(model))
+        wide = sort_nodes(to_float64(model) if self.precision == "float64" else self._native(model))
         try:
             evaluator = ReferenceEvaluator(wide, new_ops=NEW_OPS)
         except (NotImplementedError, TypeError, ValueError, KeyError, RuntimeError) as e:
@@ -64,8 +73,25 @@ class ReferenceEngine(Engine):
                                  "tensors inside If/Loop/Scan bodies cannot be marked; mark the node's output")
         return ReferenceSession(evaluator, list(dict.fromkeys(outputs)), wide, widen=self.precision == "float64")
 
+    def _native(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """A copy of ``model`` in its own types; accumulating FP16 nodes run in FP32 unless told otherwise."""
+        if self.accumulate != "float32":
+            return _copy(model)
+        from ..core.shapes import elem_type_of, infer_shapes_lenient, value_types
+        from .fp16_arith import accumulate_in_float32
+
+        types = value_types(infer_shapes_lenient(model))
+        elem = {name: elem_type_of(types, name) for name in types}
+        out, wrapped = accumulate_in_float32(model, elem)
+        log.debug("ref native: %d accumulating FP16 node(s) computed in FP32", wrapped)
+        return out
+
     def describe(self) -> dict:
-        dtype = "float64" if self.precision == "float64" else "native (model's own types, numpy arithmetic)"
+        if self.precision == "float64":
+            dtype = "float64"
+        else:
+            dtype = ("native (model's own types, numpy arithmetic; FP16 accumulations in FP32 as GPU kernels do)"
+                     if self.accumulate == "float32" else "native (model's own types, numpy float16 arithmetic)")
         return {"engine": self.name, "onnx": onnx.__version__, "dtype": dtype}
 
 

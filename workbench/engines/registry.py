@@ -20,6 +20,7 @@ BUILTIN: dict[str, str] = {
     "openvino": "workbench.engines.openvino_engine:OpenVinoEngine",
     "ref": "workbench.engines.reference:ReferenceEngine",
     "torch": "workbench.engines.torch_engine:TorchEngine",
+    "torch-cuda": "workbench.engines.torch_cuda:TorchCudaEngine",
     "trt": "workbench.engines.tensorrt:TensorRTEngine",
 }
 ENTRY_POINT_GROUP = "workbench.engines"

@@ -11,6 +11,8 @@ VARIANTS = {
     "fp32": "the model as given",
     "fp16": "float16 weights and activations (I/O kept float32), converter clamps reported",
     "int8": "explicit Q/DQ quantization, calibrated on the given feeds",
+    "tf32": "TF32 matmuls and convolutions (torch-cuda): 10-bit mantissa inputs, FP32 accumulation",
+    "autocast": "torch.autocast float16 (torch-cuda): FP32 weights, FP16 matmuls/convolutions, FP32 reductions",
 }
 
 

@@ -1,4 +1,5 @@
-"""The torch.nn.Module itself, run eagerly; its submodules' outputs are mapped to the ONNX export's tensors.
+"""The torch.nn.Module itself, run eagerly (``torch`` on the CPU, ``torch-cuda`` on an NVIDIA GPU); its submodules'
+outputs are mapped to the ONNX export's tensors.
 
 The legacy exporter names nodes by module scope: submodule ``layer1.0.conv1`` becomes the node-name prefix
 ``/layer1/layer1.0/conv1/`` (each scope level is its unqualified name: the last non-numeric atom of the dotted
@@ -29,10 +30,15 @@ class TorchEngine(Engine):
     name = "torch"
     label = "the torch.nn.Module itself, run eagerly"
     variants = ("fp32",)
+    #: runs the nn.Module itself (a comparison needs the module, not only its ONNX export)
+    runs_module = True
 
-    def __init__(self, module: Any, example_inputs: Any = None):
+    def __init__(self, module: Any, example_inputs: Any = None, variant: str = "fp32"):
+        if variant not in self.variants:
+            raise ValueError(f"the {self.name} engine has no {variant!r} variant (it runs {', '.join(self.variants)})")
         self.module = module
         self.example_inputs = example_inputs
+        self.variant = variant
         self._mapped: tuple[int, int] | None = None
 
     @classmethod
@@ -43,8 +49,12 @@ class TorchEngine(Engine):
             return False, f"torch is not installed ({e}) -- pip install onnx-drift-workbench[torch]"
         return True, ""
 
+    def usable(self) -> tuple[bool, str]:
+        """(can this instance run here, why not): the class's availability, or its device's."""
+        return self.availability()
+
     def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
-        ok, reason = self.availability()
+        ok, reason = self.usable()
         if not ok:
             raise EngineUnavailableError(*reason.split(" -- ", 1))
         session = TorchSession(self, model, list(dict.fromkeys(outputs)))
@@ -60,6 +70,26 @@ class TorchEngine(Engine):
         return {"engine": self.name, "torch": torch.__version__, "module": type(self.module).__name__,
                 "device": "cpu", "mapped_tensors": mapped, "requested_tensors": wanted}
 
+    # --- how the module runs (TorchCudaEngine places it on a GPU, in a precision) ---------------------------
+    def placed(self) -> Any:
+        """Per-session state the module runs with (CUDA: its parameters on the device); None on the CPU."""
+        return None
+
+    def to_inputs(self, args: tuple) -> tuple:
+        return args
+
+    def call(self, placed: Any, args: tuple) -> Any:
+        return self.module(*args)
+
+    def hint(self, error: BaseException) -> str:
+        """What to do when forward() failed with ``error``."""
+        return "check that the feeds match forward()'s positional arguments"
+
+    @contextlib.contextmanager
+    def numerics(self) -> Iterator[None]:
+        """The arithmetic settings of one forward pass (CUDA: TF32 on or off, autocast)."""
+        yield
+
 
 class TorchSession(Session):
     def __init__(self, engine: TorchEngine, model: onnx.ModelProto, outputs: list[str]):
@@ -69,6 +99,10 @@ class TorchSession(Session):
         self._graph_outputs = [o.name for o in model.graph.output]
         self._scoped = _scoped_tensors(model)
         self.mapping: dict[str, str | int] | None = None  # ONNX name -> module path, or index into forward()'s outputs
+        self._placed = engine.placed()
+
+    def close(self) -> None:
+        self._placed = None
 
     def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
         import torch
@@ -103,15 +137,17 @@ class TorchSession(Session):
         import torch
 
         captured: dict[str, Any] = {}
-        module = self._engine.module
+        engine = self._engine
+        module = engine.module
+        args = engine.to_inputs(args)
         hooks = [sub.register_forward_hook(_recorder(path, captured))
                  for path, sub in module.named_modules() if path]
         try:
-            with _eval_mode(module), torch.no_grad():
-                result = module(*args)
+            with _eval_mode(module), torch.no_grad(), engine.numerics():
+                result = engine.call(self._placed, args)
         except (RuntimeError, TypeError, ValueError, IndexError) as e:
             raise EngineRunError(f"the torch module failed in forward(): {' '.join(str(e).split())[:300]}",
-                                 "check that the feeds match forward()'s positional arguments") from e
+                                 engine.hint(e)) from e
         finally:
             for hook in hooks:
                 hook.remove()
@@ -123,14 +159,18 @@ class TorchSession(Session):
         mapped module's output (BatchNorm folded into Conv, eval-mode Dropout) takes over that module's name."""
         by_module: dict[str, str] = {}
         for path, (_, tensor) in captured.items():
-            name = _last_matching(self._scoped.get(scope_prefix(path), []), tuple(tensor.shape))
+            scoped = next((self._scoped[p] for p in scope_prefixes(path) if p in self._scoped), [])
+            name = _last_matching(scoped, tuple(tensor.shape))
             if name is not None:
                 by_module[path] = name
+        leaves = {path for path, sub in self._engine.module.named_modules() if path and not any(sub.children())}
         mapping: dict[str, str | int] = {}
         producer = {}  # id of a module output tensor -> ONNX name it maps to
         for path, (inp, tensor) in captured.items():
             name = by_module.get(path)
-            if name is None and inp is not None and id(inp) in producer and inp.shape == tensor.shape:
+            # only a leaf can be a no-op in the export: a container whose nodes did not map stays unmapped
+            if name is None and path in leaves and inp is not None and id(inp) in producer \
+                    and inp.shape == tensor.shape:
                 name = producer[id(inp)]
             if name is not None:
                 mapping[name] = path
@@ -142,6 +182,20 @@ class TorchSession(Session):
         self._engine._mapped = (len(wanted), len(self.outputs))
         log.info("torch engine mapped %d of %d requested tensors to module outputs", len(wanted), len(self.outputs))
         return wanted
+
+
+def scope_prefixes(path: str) -> list[str]:
+    """The node-name prefixes submodule ``path`` may have, most likely first: :func:`scope_prefix` when every
+    container on the path was called (Sequential), then with containers that were only indexed left out
+    (a ModuleList iterated in forward(): ``layers.0.ln1`` -> ``/layers.0/ln1/``)."""
+    atoms = path.split(".")
+    levels = [_unqualified(atoms[:end]) for end in range(1, len(atoms) + 1)]
+    optional = [i for i in range(len(levels) - 1) if levels[i + 1].startswith(levels[i] + ".")]
+    out = []
+    for mask in range(1 << len(optional)):
+        drop = {optional[k] for k in range(len(optional)) if mask >> k & 1}
+        out.append("/" + "/".join(lv for i, lv in enumerate(levels) if i not in drop) + "/")
+    return list(dict.fromkeys(out))
 
 
 def scope_prefix(path: str) -> str:

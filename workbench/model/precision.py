@@ -19,7 +19,7 @@ from .walk import iter_nodes
 
 #: precision -> the default-criterion family it is judged with
 FAMILY = {"fp64": "fp32", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "int8",
-          "int4": "int8"}
+          "int4": "int8", "tf32": "fp16"}  # TF32 multiplies with FP16's 10-bit mantissa
 #: how much each family loses, to pick the lossier side of a pair
 LOSSINESS = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3}
 
@@ -35,7 +35,7 @@ _QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMu
 
 @dataclass(frozen=True)
 class Precision:
-    """``precision``: fp32 | fp64 | fp16 | bf16 | int8 | fp8 | int4; ``source``: what it was read from."""
+    """``precision``: fp32 | fp64 | fp16 | bf16 | tf32 | int8 | fp8 | int4; ``source``: what it was read from."""
 
     precision: str
     source: str
@@ -110,8 +110,19 @@ def infer_precision(model: onnx.ModelProto) -> Precision:
     return Precision("fp32", "no float weights or narrower float values: taken as float32")
 
 
-def module_precision(module: Any) -> Precision:
-    """The precision of a torch.nn.Module, from its parameters' dtypes by bytes."""
+#: torch-cuda variants -> (precision, what it is read from)
+_MODULE_VARIANTS = {
+    "fp16": ("fp16", "torch module run in float16 (module.half()) on the GPU"),
+    "autocast": ("fp16", "torch.autocast float16: matmuls and convolutions in FP16, reductions in FP32"),
+    "tf32": ("tf32", "TF32 matmuls and convolutions: 10-bit mantissa inputs, FP32 accumulation and storage"),
+}
+
+
+def module_precision(module: Any, variant: str = "fp32") -> Precision:
+    """The precision of a torch.nn.Module run as ``variant`` (a torch-cuda variant), else from its parameters'
+    dtypes by bytes."""
+    if variant in _MODULE_VARIANTS:
+        return Precision(*_MODULE_VARIANTS[variant])
     sizes: Counter = Counter()
     for p in module.parameters():
         sizes[str(p.dtype).replace("torch.", "")] += p.numel() * p.element_size()

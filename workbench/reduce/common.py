@@ -21,7 +21,7 @@ _NUMPY_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, Tens
                 TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32,
                 TensorProto.UINT64, TensorProto.BOOL}
 #: engines whose own package's version the README records
-_ENGINE_PACKAGES = {"openvino": "openvino", "torch": "torch", "trt": "tensorrt"}
+_ENGINE_PACKAGES = {"openvino": "openvino", "torch": "torch", "torch-cuda": "torch", "trt": "tensorrt"}
 _ISO_PREFIX = re.compile(r"^iso\d+::")  # build_isolation's segment prefix
 _SHOWN = ("cosine", "max_abs", "nonfinite_mismatch")
 

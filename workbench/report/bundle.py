@@ -294,7 +294,7 @@ def save_bundle(
 
         known = {f.name for f in fields(opts["options"])}
         opts["options"] = opts["options"].replace(**{k: v for k, v in compare_kwargs.items() if k in known})
-    if "torch" in (result.reference.split(":")[0], result.candidate.split(":")[0]):
+    if {"torch", "torch-cuda"} & {result.reference.split(":")[0], result.candidate.split(":")[0]}:
         raise BundleError("a comparison that runs the torch engine cannot be bundled: the module is Python code, "
                           "not a file", "compare its ONNX export on file-based engines (e.g. ref vs ort:fp16) and "
                           "bundle that")
