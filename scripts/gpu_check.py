@@ -102,7 +102,16 @@ def _stress_modules():
             h = self.fc(x * 100.0)
             return h + h
 
+    class WideConv(nn.Module):  # a convolution wide enough for tensor-core (TF32) kernels
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(128, 128, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x)
+
     return [
+        ("wide_conv", WideConv(), (torch.randn(1, 128, 28, 28, generator=g),)),
         ("layernorm_large", LayerNormLarge(), (torch.randn(4, 64, generator=g),)),
         ("layernorm_manual", LayerNormManual(), (torch.randn(4, 256, generator=g),)),
         ("softmax_large", SoftmaxLarge(), (torch.randn(4, 512, generator=g),)),

@@ -202,14 +202,21 @@ def test_torch_cuda_fp16_against_fp32_on_the_gpu():
 
 
 @needs_gpu
-def test_tf32_is_off_for_fp32_and_on_for_tf32():
+@pytest.mark.parametrize("layer", ["linear", "conv"])
+def test_tf32_is_off_for_fp32_and_on_for_tf32(layer):
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False)).eval()
-    x = torch.randn(64, 1024)
+    if layer == "linear":
+        net = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False)).eval()
+        x = torch.randn(64, 1024)
+    else:
+        net = torch.nn.Sequential(torch.nn.Conv2d(128, 128, 3, padding=1, bias=False)).eval()
+        x = torch.randn(1, 128, 28, 28)
     model = _export(net, (x,))
     out = model.graph.output[0].name
     feeds = {model.graph.input[0].name: x.numpy()}
-    truth = x.double().numpy() @ net[0].weight.detach().double().numpy().T
+    with torch.no_grad():
+        truth = net.double()(x.double()).numpy()
+    net.float()
 
     def sqnr(variant):
         with get_engine("torch-cuda", module=net, example_inputs=(x,), variant=variant).prepare(model, [out]) as s:
