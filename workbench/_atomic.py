@@ -2,7 +2,8 @@
 
 Temporaries are named ``.NAME.wbtmp-HOST-PID-RANDOM.tmp`` (:func:`temp_prefix`), so that a later write in the
 same folder can remove the ones a killed writer left behind (:func:`clean_stale`). :func:`place_new` renames
-into a destination only when nothing is there, never replacing what another process wrote.
+into a destination only when nothing is there, never replacing what another process wrote. :func:`staged` holds a
+temporary while it is written, so that an error, Ctrl-C or SIGTERM removes it (:mod:`workbench.core.scratch`).
 """
 
 from __future__ import annotations
