@@ -2,11 +2,13 @@
 
 Temporaries are named ``.NAME.wbtmp-HOST-PID-RANDOM.tmp`` (:func:`temp_prefix`), so that a later write in the
 same folder can remove the ones a killed writer left behind (:func:`clean_stale`). :func:`place_new` renames
-into a destination only when nothing is there, never replacing what another process wrote.
+into a destination only when nothing is there, never replacing what another process wrote. :func:`staged` holds a
+temporary while it is written, so that an error, Ctrl-C or SIGTERM removes it (:mod:`workbench.core.scratch`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -19,9 +21,12 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: a temporary of this host whose writer is dead counts as stale after this long (pid namespaces, clock skew)
 STALE_AFTER_S = 600
@@ -158,21 +163,46 @@ def place_new(src: str | os.PathLike, dest: str | os.PathLike) -> None:
     os.unlink(src)
 
 
+@contextlib.contextmanager
+def staged(made: T) -> Iterator[T]:
+    """Hold a temporary beside an output while it is being written: ``made`` is what ``mkdtemp`` (a path) or
+    ``mkstemp`` (fd, path) returned. On an error or an interrupt it is removed; and while inside it is registered
+    with the run's scratch (:func:`workbench.core.scratch.track`), so that the CLI's Ctrl-C/SIGTERM exit removes it
+    even if this frame never unwinds. Leave it renamed into place (or removed) by the end of the block."""
+    from .core import scratch
+
+    path = made[1] if isinstance(made, tuple) else made
+    scratch.track(path)
+    try:
+        yield made
+    except BaseException:
+        _remove(path)
+        raise
+    finally:
+        scratch.untrack(path)
+
+
+def _remove(path: str | os.PathLike) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent)
-    try:
+    with staged(tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent)) as (fd, tmp):
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; outputs get ordinary permissions
         os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     clean_stale(target.parent, legacy_name=target.name)
     return target
 

@@ -680,21 +680,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def entry() -> None:
-    """The ``workbench`` command (and ``python -m workbench``): :func:`main`, then exit with its code. After a Ctrl-C
-    (130) the process leaves at once (``os._exit``, outputs flushed; ``with`` blocks have already cleaned up while the
-    interrupt unwound): ONNX Runtime or OpenVINO may still be busy in native threads, and interpreter shutdown under
-    them can crash (SIGSEGV) after the "interrupted" line."""
+    """The ``workbench`` command (and ``python -m workbench``): :func:`main`, then exit with its code, this run's
+    scratch folder and staged temporaries removed first. After Ctrl-C (130) or SIGTERM (143) the process leaves at
+    once (``os._exit``, outputs flushed; ``with`` blocks have already cleaned up while the interrupt unwound): ONNX
+    Runtime or OpenVINO may still be busy in native threads, and interpreter shutdown under them can crash
+    (SIGSEGV) after the "interrupted" line."""
     code = main()
-    if code == 130:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(130)
+    if code in (130, 143):
+        _leave_now(code)
+    from .core.lifeline import ignore_interrupts
+    from .core.scratch import cleanup
+
+    ignore_interrupts()
+    cleanup()
     sys.exit(code)
 
 
+def _leave_now(code: int) -> None:
+    """Exit at once with ``code`` (130/143): flush the outputs, remove the scratch folder, ``os._exit``."""
+    from .core.lifeline import ignore_interrupts
+    from .core.scratch import cleanup
+
+    ignore_interrupts()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        cleanup()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the exit code."""
+    """Run the CLI; return the exit code. SIGTERM is handled like Ctrl-C (exit 143 instead of 130); temporaries go
+    to this run's scratch folder (:mod:`workbench.core.scratch`), stale ones of killed runs are removed."""
+    from .core import lifeline, scratch
+
+    try:
+        with lifeline.sigterm_as_interrupt(), scratch.as_tempdir():
+            return _main(argv)
+    except KeyboardInterrupt as e:  # arrived after the command had finished its own handling
+        return lifeline.exit_code(e)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     debug = False
     try:
@@ -719,15 +747,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Cancelled as e:
         _say(f"cancelled: {e.message}")
         return e.exit_code
-    except KeyboardInterrupt:
-        _say("interrupted")
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (lifeline.Terminated)
+        from .core.lifeline import exit_code
         from .engines.interruptible import native_work_running
 
+        _say("terminated" if exit_code(e) == 143 else "interrupted")
         if native_work_running():  # a session build is still in C++: leave without running destructors under it
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(130)
-        return 130
+            _leave_now(exit_code(e))
+        return exit_code(e)
     except BrokenPipeError:  # output piped into `head`: stop quietly
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from writing again
         return EXIT_OK
@@ -738,21 +765,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"error: {e.strerror or e}{where} -- {_USER_ERRNOS[e.errno]}")
         return EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback unless asked
-        if _interrupted(e):  # Ctrl-C inside a native import or call surfaces as another error: still Ctrl-C
-            _say("interrupted")
-            return 130
+        interrupt = _interrupted(e)
+        if interrupt is not None:  # Ctrl-C inside a native import or call surfaces as another error: still Ctrl-C
+            from .core.lifeline import exit_code
+
+            _say("terminated" if exit_code(interrupt) == 143 else "interrupted")
+            return exit_code(interrupt)
         return _internal(e, debug)
 
 
-def _interrupted(e: BaseException) -> bool:
-    """A KeyboardInterrupt somewhere in ``e``'s chain (its cause or the exception it was raised during)."""
+def _interrupted(e: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt somewhere in ``e``'s chain (its cause or the exception it was raised during)."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, KeyboardInterrupt):
-            return True
+            return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
-    return False
+    return None
 
 
 #: errors of the user's environment (full disk, read-only or forbidden folder, a file where a folder goes), not

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.scratch import temporary_dir
 from ..errors import InputError
 from .exceptions import CalibrationError
 
@@ -105,7 +105,7 @@ class FeedStream:
         stream), as a re-iterable folder dataset."""
         from ..dataset.source import open_dataset
 
-        self._spill = tempfile.TemporaryDirectory(prefix="workbench-calibration-")
+        self._spill = temporary_dir("workbench-calibration-")
         folder = Path(self._spill.name)
         count = 0
         for sample in self._samples(dataset):

@@ -139,12 +139,15 @@ def write_ort_table(dest: str | os.PathLike, amax: dict[str, float | tuple[float
     table = {name: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32))
              for name, (lo, hi) in pairs.items()}
     written = []
-    with tempfile.TemporaryDirectory(prefix="workbench-ort-table-", dir=folder) as tmp:
+    from .._atomic import staged, temp_prefix
+
+    with staged(tempfile.mkdtemp(prefix=temp_prefix("calibration-table"), suffix=".tmp", dir=folder)) as tmp:
         write_calibration_table(table, dir=tmp)
         for name in sorted(os.listdir(tmp)):
             target = folder / name
             shutil.move(str(Path(tmp) / name), target)  # same file system: an atomic rename
             written.append(target)
+        shutil.rmtree(tmp, ignore_errors=True)
     return written
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 
 import onnx
 
 from workbench.model.walk import iter_all_nodes
+
+from ..core.scratch import temporary_dir
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def probe_openvino(model: onnx.ModelProto) -> ProbeResult:
     if _external_data_refs(model):
         result.error = "model references external data files; load it with onnx.load(path) first"
         return result
-    with tempfile.TemporaryDirectory(prefix="wb-ov-") as tmp:
+    with temporary_dir("wb-ov-") as tmp:
         path = os.path.join(tmp, "model.onnx")
         _save_for_openvino(model, path)
         try:

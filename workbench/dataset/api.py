@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import tempfile
 import threading
 import time
 import uuid
@@ -22,6 +21,7 @@ import numpy as np
 
 from ..compare.plan import ComparisonPlan
 from ..core.progress import Progress, Steps
+from ..core.scratch import temporary_dir
 from ..errors import InputError
 from .evaluate import Evaluator, Job, ModelRef
 from .executors import ExecutorSpec, run_samples, worker_threads
@@ -116,7 +116,7 @@ def _compare(loaded, reference, candidate, head, stream, dataset, cand_model, ca
                          "--calib for separate calibration data)")
         notes += plan.notes
         job, layer_infos = _job(plan, head[0].feed, layers, spec, notes)
-        with tempfile.TemporaryDirectory(prefix="workbench-dataset-") as tmp:
+        with temporary_dir("workbench-dataset-") as tmp:
             if spec.kind != "serial":
                 job = _with_files(job, plan, tmp)
             local = None

@@ -219,10 +219,16 @@ class _Processes:
         self.pool = self._pool()
 
     def _pool(self):
+        """Workers that share this run's scratch folder and die with this process, even on SIGKILL
+        (:func:`workbench.core.lifeline.worker_init`)."""
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        from ..core import lifeline, scratch
+
+        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=lifeline.worker_init,
+                                   initargs=(scratch.for_child(), lifeline.from_main_thread()))
 
     def share(self, job: Job):
         return job

@@ -28,12 +28,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from collections import defaultdict
 
 import onnx
 
+from ..core.scratch import temporary_dir
 from ..errors import EngineRunError, EngineUnavailableError
 from .onnx_side import OnnxGraph
 from .partition import uncovered
@@ -72,7 +72,7 @@ def ort_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: int = 1
                        graph_optimization=opts.get("graph_optimization", "all"))
     og = onnx_graph or OnnxGraph.build(model)
     marked = list(dict.fromkeys([o.name for o in model.graph.output] + list(outputs or [])))
-    with tempfile.TemporaryDirectory(prefix="workbench-engine-graph-") as tmp:
+    with temporary_dir("workbench-engine-graph-") as tmp:
         optimized, events, walls, providers = _run(engine, model_payload(model, marked if outputs else None),
                                                    feeds, tmp, runs, warmup)
     graph = map_optimized(og, optimized)

@@ -52,13 +52,13 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from .._files import read_capped
+from ..core.scratch import temporary_dir
 from ..errors import EngineRunError, EngineUnavailableError, WorkbenchError
 from .onnx_side import OnnxGraph
 from .ort_graph import _ELEM, LAYOUT_OPS, _apply_profile, _hints, _profile, _strip, summarize_profile
@@ -376,7 +376,7 @@ def ort_trt_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: int
                        provider_options={**(opts.get("provider_options") or {}), "trt_dump_subgraphs": "True"})
     og = onnx_graph or OnnxGraph.build(model)
     marked = list(dict.fromkeys([o.name for o in model.graph.output] + list(outputs or [])))
-    with tempfile.TemporaryDirectory(prefix="workbench-ort-trt-") as tmp:
+    with temporary_dir("workbench-ort-trt-") as tmp:
         work, dumps = Path(tmp, "in"), Path(tmp, "dump")
         work.mkdir()
         dumps.mkdir()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import weakref
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
+from ..core.scratch import scratch_dir
 from ..core.shapes import KEEP_BYTES, STUB_FILE, map_model_tensors, tensor_nbytes
 from .outputs import edit_lock, temporarily
 
@@ -68,7 +68,7 @@ class ModelFiles:
     """A model's weights in ``folder/weights.bin`` and a weight-free ``skeleton`` pointing there."""
 
     def __init__(self, model: onnx.ModelProto, prefix: str = "workbench-weights-"):
-        self.folder = Path(tempfile.mkdtemp(prefix=prefix))
+        self.folder = scratch_dir(prefix)  # in this run's scratch folder: gone with it even after a kill
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
         self.refs: dict[tuple, TensorProto] = {}  # (name, dtype, dims) -> external reference
         self._count = 0

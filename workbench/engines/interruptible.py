@@ -14,10 +14,14 @@ from typing import TypeVar
 
 T = TypeVar("T")
 _PREFIX = "workbench-native-"
+#: how long an interrupt waits for a cancelled native call to return
+CANCEL_WAIT_S = 1.0
 
 
-def interruptibly(fn: Callable[[], T], what: str = "build") -> T:
-    """``fn()``; from the main thread, on a helper thread so that Ctrl-C interrupts the wait."""
+def interruptibly(fn: Callable[[], T], what: str = "build", cancel: Callable[[], None] | None = None) -> T:
+    """``fn()``; from the main thread, on a helper thread so that Ctrl-C (or SIGTERM) interrupts the wait. ``cancel``:
+    asks the native call to stop (e.g. ONNX Runtime's ``RunOptions.terminate``), called on the interrupt; the
+    interrupt then waits up to :data:`CANCEL_WAIT_S` for the call to return."""
     if threading.current_thread() is not threading.main_thread():
         return fn()
     box: dict = {}
@@ -30,8 +34,14 @@ def interruptibly(fn: Callable[[], T], what: str = "build") -> T:
 
     t = threading.Thread(target=run, name=_PREFIX + what, daemon=True)
     t.start()
-    while t.is_alive():
-        t.join(0.1)
+    try:
+        while t.is_alive():
+            t.join(0.1)
+    except BaseException:
+        if cancel is not None:
+            cancel()
+            t.join(CANCEL_WAIT_S)
+        raise
     if "error" in box:
         raise box["error"]
     return box["value"]

@@ -95,6 +95,9 @@ class IsolatedEngine(Engine):
             except WorkerGone as gone:
                 self._worker = None
                 raise self._crash_error(gone, phase) from None
+            except (KeyboardInterrupt, SystemExit):  # the request stopped the worker: nothing to close there
+                self._worker = None
+                raise
 
     def _ensure_worker(self) -> Worker:
         if self._worker is None or not self._worker.process.is_alive():

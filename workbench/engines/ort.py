@@ -175,8 +175,12 @@ class OrtSession(Session):
         self._names = [o.name for o in session.get_outputs()]
 
     def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        stop = ort.RunOptions()  # Ctrl-C/SIGTERM mid-run: terminate the run instead of waiting for its end
         try:
-            values = self._session.run(self._names, feeds)
+            values = interruptibly(lambda: self._session.run(self._names, feeds, stop), "run",
+                                   cancel=lambda: setattr(stop, "terminate", True))
         except Exception as e:
             raise _error("onnxruntime failed while running the model", e,
                          "check the feeds' names, shapes and dtypes against the model's inputs") from e

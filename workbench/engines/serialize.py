@@ -14,6 +14,7 @@ from pathlib import Path
 
 import onnx
 
+from ..core.scratch import temporary_dir
 from ..model.walk import iter_nodes
 from .outputs import mark_outputs, temporarily
 
@@ -83,7 +84,7 @@ def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
             return ModelPayload(model.SerializeToString())
         with temporarily(model, outputs) as marked:
             return ModelPayload(marked.SerializeToString())
-    tmp = tempfile.TemporaryDirectory(prefix="workbench-model-")
+    tmp = temporary_dir("workbench-model-")
     path = Path(tmp.name) / "model.onnx"
     copy = mark_outputs(model, outputs) if outputs is not None else _copy(model)
     onnx.save_model(copy, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

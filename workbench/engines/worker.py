@@ -42,9 +42,13 @@ class Worker:
 
     @classmethod
     def start(cls, engine_name: str, options: dict, memory_limit: int | None) -> Worker:
+        from ..core import lifeline, scratch
+
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        process = ctx.Process(target=_worker_main, args=(child, engine_name, options, list(sys.path), memory_limit),
+        lifeline_args = (scratch.for_child(), lifeline.from_main_thread())
+        process = ctx.Process(target=_worker_main, args=(child, engine_name, options, list(sys.path), memory_limit,
+                                                         lifeline_args),
                               name=f"workbench-{engine_name}", daemon=True)
         with _START_LOCK, _plain_main():
             process.start()
@@ -57,16 +61,20 @@ class Worker:
             self.conn.send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             raise self._gone() from None
-        ready = wait([self.conn, self.process.sentinel], timeout_s)
-        if not ready:
-            self.stop(graceful=False)
-            raise WorkerGone("timeout")
-        if self.conn not in ready and not self.conn.poll():
-            raise self._gone()
         try:
-            status, *payload = self.conn.recv()
-        except (EOFError, ConnectionResetError, OSError):
-            raise self._gone() from None
+            ready = wait([self.conn, self.process.sentinel], timeout_s)
+            if not ready:
+                self.stop(graceful=False)
+                raise WorkerGone("timeout")
+            if self.conn not in ready and not self.conn.poll():
+                raise self._gone()
+            try:
+                status, *payload = self.conn.recv()
+            except (EOFError, ConnectionResetError, OSError):
+                raise self._gone() from None
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM mid-request: the worker may be busy for long
+            self.stop(graceful=False)  # and its reply would come out of turn; stop it now, not after its work
+            raise
         if status == "ok":
             return payload[0]
         if status == "memory":
@@ -128,11 +136,16 @@ def _rebuild_error(module: str, qualname: str, message: str, hint: str | None) -
     return cls(message, hint)
 
 
-def _worker_main(conn, engine_name: str, options: dict, sys_path: list[str], memory_limit: int | None) -> None:
-    """The worker loop: build the engine, then answer prepare/run/close/describe until told to stop."""
+def _worker_main(conn, engine_name: str, options: dict, sys_path: list[str], memory_limit: int | None,
+                 lifeline_args: tuple = ()) -> None:
+    """The worker loop: build the engine, then answer prepare/run/close/describe until told to stop. The worker
+    ignores Ctrl-C (its parent stops it) and dies with its parent (:func:`workbench.core.lifeline.worker_init`)."""
     for entry in reversed(sys_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    from ..core.lifeline import worker_init
+
+    worker_init(*lifeline_args)
     if memory_limit:
         _limit_memory(memory_limit)
     from . import get_engine

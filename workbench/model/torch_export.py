@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.scratch import temporary_dir
 from ..errors import TorchExportError
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def export_module(
                                "pass example_inputs=(tensor, ...) matching forward()'s arguments")
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     caught: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="workbench-export-") as tmp:
+    with temporary_dir("workbench-export-") as tmp:
         out = Path(tmp) / "model.onnx"
         try:
             with warnings.catch_warnings(record=True) as ws:

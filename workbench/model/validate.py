@@ -58,9 +58,9 @@ def validate(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Problem]]:
 def check_skeleton(skeleton: onnx.ModelProto) -> None:
     """onnx's full checker on a weight-free copy: its stubs point to one sparse file as large as the largest
     stripped tensor, so the checker's external-data checks pass without a byte of weights on disk."""
-    import tempfile
     from pathlib import Path
 
+    from ..core.scratch import temporary_dir
     from ..core.shapes import STUB_FILE, is_stub
 
     stubs = [t for t in all_tensors(skeleton) if is_stub(t)]
@@ -68,7 +68,7 @@ def check_skeleton(skeleton: onnx.ModelProto) -> None:
         onnx.checker.check_model(skeleton, full_check=True)
         return
     size = max(int(next(e.value for e in t.external_data if e.key == "length")) for t in stubs)
-    with tempfile.TemporaryDirectory(prefix="workbench-check-") as tmp:
+    with temporary_dir("workbench-check-") as tmp:
         with open(Path(tmp) / STUB_FILE, "wb") as fh:
             fh.truncate(size)
         path = Path(tmp) / "model.onnx"

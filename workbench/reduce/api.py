@@ -6,7 +6,6 @@ import logging
 import math
 import os
 import shlex
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .._atomic import atomic_write_bytes, atomic_write_text, umask
+from .._atomic import atomic_write_bytes, atomic_write_text, clean_stale, staged, temp_prefix, umask
 from ..compare.criterion import Criterion
 from ..compare.isolate import build_isolation
 from ..core.metrics import ErrorStats
@@ -415,17 +414,16 @@ class _Reducer:
     def write(self, node: str, pair: _Pair, feed: int, attempts: list[Attempt]) -> ReduceResult:
         """Write the files into a private folder beside ``out``, check them, then rename it into place."""
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent))
-        try:
+        made = tempfile.mkdtemp(prefix=temp_prefix(self.out.name), suffix=".tmp", dir=self.out.parent)
+        with staged(made):  # removed on an error, an interrupt, or by the CLI's Ctrl-C/SIGTERM exit
+            stage = Path(made)
             result = self._write_into(stage, node, pair, feed, attempts)
             os.chmod(stage, 0o777 & ~umask())
             check_out(self.out)  # again: it may have filled up while the comparison ran
             if self.out.is_dir():
                 self.out.rmdir()
             os.replace(stage, self.out)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
+        clean_stale(self.out.parent)  # what killed runs left beside it
         result.files = {name: self.out / name for name in FILES}
         log.info("wrote %s", self.out)
         return result

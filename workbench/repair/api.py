@@ -26,6 +26,7 @@ import onnx
 
 from ..compare.plan import ComparisonPlan
 from ..core.progress import Progress, Steps
+from ..core.scratch import temporary_dir
 from ..errors import EngineRunError, EngineUnavailableError, InputError
 from .evaluate import Evaluator
 from .graph import RepairError
@@ -179,7 +180,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     if spec.kind != "serial":
         from .parallel import RepairWorkers
 
-        scratch = tempfile.TemporaryDirectory(prefix="workbench-repair-")
+        scratch = temporary_dir("workbench-repair-")
         workers = RepairWorkers(plan, builder, [c for _, c in outputs], spec, scratch.name)
     ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85),
                    workers=workers)
@@ -321,17 +322,17 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     if model.ByteSize() < 2**31 - 2**26:
         return atomic_write_bytes(path, model.SerializeToString())
     import shutil
-    import tempfile
+
+    from .._atomic import staged, temp_prefix
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staged(tempfile.mkdtemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)) as made:
+        tmp = Path(made)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         onnx.save_model(copy, str(tmp / path.name), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=f"{path.name}.data")
         os.replace(tmp / f"{path.name}.data", path.parent / f"{path.name}.data")
         os.replace(tmp / path.name, path)
-    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path

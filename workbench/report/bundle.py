@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from .._atomic import clean_stale, place_new, temp_prefix, umask
+from .._atomic import clean_stale, place_new, staged, temp_prefix, umask
 from ..compare.result import CompareResult
+from ..core import scratch
 from ..errors import WorkbenchError
 from .safety import (
     BundleError,
@@ -96,6 +97,7 @@ class BundleWriter:
         dest.parent.mkdir(parents=True, exist_ok=True)
         self.dest, self.zip, self.overwrite = dest, zip, overwrite
         self.root = Path(tempfile.mkdtemp(prefix=temp_prefix(dest.name), suffix=".tmp", dir=dest.parent))
+        scratch.track(self.root)  # an interrupted run removes it (the CLI's Ctrl-C/SIGTERM exit)
         from .env import environment
 
         env = environment()
@@ -185,26 +187,25 @@ class BundleWriter:
         self.manifest = seal_manifest(self.manifest)
         self.add_json(MANIFEST, self.manifest)
         mask = umask()
-        tmp = None
         try:
             if self.zip:
-                fd, tmp = tempfile.mkstemp(prefix=temp_prefix(self.dest.name), suffix=".tmp", dir=self.dest.parent)
-                os.close(fd)
-                with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-                    for p in sorted(self.root.rglob("*")):
-                        if p.is_file():
-                            zf.write(p, p.relative_to(self.root).as_posix())
-                os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600: give the user's usual permissions
-                self._place(Path(tmp))
+                made = tempfile.mkstemp(prefix=temp_prefix(self.dest.name), suffix=".tmp", dir=self.dest.parent)
+                with staged(made) as (fd, tmp):
+                    os.close(fd)
+                    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+                        for p in sorted(self.root.rglob("*")):
+                            if p.is_file():
+                                zf.write(p, p.relative_to(self.root).as_posix())
+                    os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600: give the user's usual permissions
+                    self._place(Path(tmp))
                 remove_tree(self.root)
             else:
                 os.chmod(self.root, 0o777 & ~mask)  # mkdtemp makes 0700
                 self._place(self.root)
         except BaseException:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
             self.abort()
             raise
+        scratch.untrack(self.root)
         clean_stale(self.dest.parent, legacy_name=self.dest.name)  # what killed writers left here
         log.info("wrote bundle %s", self.dest)
         return self.dest
@@ -228,6 +229,7 @@ class BundleWriter:
 
     def abort(self) -> None:
         remove_tree(self.root)
+        scratch.untrack(self.root)
 
 
 

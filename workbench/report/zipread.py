@@ -15,7 +15,8 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from .._atomic import clean_stale, tag
+from .._atomic import clean_stale
+from ..core.scratch import scratch_dir
 from .safety import MAX_ZIP_BYTES, MAX_ZIP_MEMBERS, BundleError, UnsafeBundleError, relpath, remove_tree
 
 log = logging.getLogger(__name__)
@@ -149,8 +150,8 @@ def open_zip(src: Path, manifest: str, parse) -> tuple[Path, dict]:
         else:
             wanted = [rel[len(prefix):] for rel in files if rel.startswith(prefix)]
         entries = {rel: files[prefix + rel] for rel in wanted if prefix + rel in files}
-        clean_stale(tempfile.gettempdir())  # extractions a killed rerun left behind
-        tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}.{tag()}", suffix=".tmp"))
+        clean_stale(tempfile.gettempdir())  # extractions that killed reruns of earlier versions left behind
+        tmp = scratch_dir(f"{TEMP_PREFIX}.")  # inside this run's scratch folder: removed with it on any exit
         try:
             extract(zf, entries, tmp, src.name)
         except BaseException:

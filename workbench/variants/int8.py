@@ -8,7 +8,6 @@ import importlib.util
 import inspect
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ..core.scratch import temporary_dir
 from ..errors import VariantError
 from ..inputs import check_feeds
 from .calibration import data_reader, histogram_ranges, quiet_stdout, range_overrides
@@ -119,7 +119,7 @@ def _quantize(
     if ranges:
         _add_overrides(model, ranges, activation_type == "uint8", extra, details, notes)
     kwargs: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="workbench-int8-") as tmp:
+    with temporary_dir("workbench-int8-") as tmp:
         source = Path(tmp) / "model.onnx"
         onnx.save_model(copy_model(model), source, save_as_external_data=model.ByteSize() > 2**30,
                         location="model.data")

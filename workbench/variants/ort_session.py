@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import onnx
+
+from ..core.scratch import temporary_dir
 
 _PROTO_LIMIT = 2**31 - 1 - 64 * 1024**2  # serialised protobuf limit, with headroom
 
@@ -24,7 +25,7 @@ def ort_session(model: onnx.ModelProto, *, optimize: bool = False) -> Any:
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    with tempfile.TemporaryDirectory(prefix="workbench-ort-") as tmp:
+    with temporary_dir("workbench-ort-") as tmp:
         path = Path(tmp) / "model.onnx"
         onnx.save_model(copy, path, save_as_external_data=True, location="model.data")
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
