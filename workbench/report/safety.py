@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .._files import file_kind
+from .._files import check_size, file_kind, limit
 from ..errors import WorkbenchError
 
 #: largest JSON document read (manifest, results, Polygraphy files hold base64 arrays: larger)
@@ -109,11 +109,15 @@ def open_regular(path: Path, where: str):
         raise
 
 
-def read_json(path: Path, where: str, *, schema: str | None = None, max_bytes: int = MAX_JSON_BYTES) -> dict:
-    """A JSON object from ``path``; ``schema``: the exact ``schema`` field required (family/N)."""
+def read_json(path: Path, where: str, *, schema: str | None = None, max_bytes: int | None = None) -> dict:
+    """A JSON object from ``path``; ``schema``: the exact ``schema`` field required (family/N). Refused past
+    ``max_bytes`` (default :data:`MAX_JSON_BYTES`, or ``WORKBENCH_MAX_JSON_BYTES``) before anything is read."""
+    cap = max_bytes if max_bytes is not None else limit("json", MAX_JSON_BYTES)
     with open_regular(path, where) as fh:
-        data = fh.read(max_bytes + 1)
-    return parse_json(data, where, schema=schema, max_bytes=max_bytes)
+        size = check_size(fh, where, cap, BundleError, "this is not a file the workbench wrote",
+                          kind=None if max_bytes is not None else "json")
+        data = fh.read(size + 1)
+    return parse_json(data, where, schema=schema, max_bytes=cap)
 
 
 def parse_json(data: bytes, where: str, *, schema: str | None = None, max_bytes: int = MAX_JSON_BYTES) -> dict:
