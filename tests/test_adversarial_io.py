@@ -447,3 +447,18 @@ def test_printing_user_code_keeps_stdout_json_in_a_process(good, noisy, workers)
     doc = json.loads(proc.stdout)
     assert doc["schema"] == "workbench.compare/1" and len(doc["samples"]) == 2
     assert "preprocess says hello" in proc.stderr and "native write to fd 1" in proc.stderr
+
+
+def test_a_cap_names_file_size_and_limit_and_can_be_raised(good, capsys, monkeypatch):
+    """The over-cap line names the file, its size, the cap and the variable that raises it; raising it works."""
+    results = str(good["results"])
+    monkeypatch.setenv("WORKBENCH_MAX_JSON_BYTES", "1K")
+    assert main(["diff", results, results]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "results.json" in err and "over the 1.0 KiB limit" in err
+    assert "WORKBENCH_MAX_JSON_BYTES" in err and re.search(r"is \d+\.\d KiB", err), err
+    monkeypatch.setenv("WORKBENCH_MAX_JSON_BYTES", "64M")
+    assert main(["diff", results, results]) == 0
+    monkeypatch.setenv("WORKBENCH_MAX_JSON_BYTES", "lots")
+    assert main(["diff", results, results]) == 2
+    assert "WORKBENCH_MAX_JSON_BYTES='lots'" in capsys.readouterr().err

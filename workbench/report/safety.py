@@ -114,8 +114,8 @@ def read_json(path: Path, where: str, *, schema: str | None = None, max_bytes: i
     ``max_bytes`` (default :data:`MAX_JSON_BYTES`, or ``WORKBENCH_MAX_JSON_BYTES``) before anything is read."""
     cap = max_bytes if max_bytes is not None else limit("json", MAX_JSON_BYTES)
     with open_regular(path, where) as fh:
-        size = check_size(fh, where, cap, BundleError, "this is not a file the workbench wrote",
-                          kind=None if max_bytes is not None else "json")
+        size = check_size(fh, where, cap, BundleError, None if max_bytes is None else "this is not a file the "
+                          "workbench wrote", kind=None if max_bytes is not None else "json")
         data = fh.read(size + 1)
     return parse_json(data, where, schema=schema, max_bytes=cap)
 
