@@ -462,3 +462,22 @@ def test_a_cap_names_file_size_and_limit_and_can_be_raised(good, capsys, monkeyp
     monkeypatch.setenv("WORKBENCH_MAX_JSON_BYTES", "lots")
     assert main(["diff", results, results]) == 2
     assert "WORKBENCH_MAX_JSON_BYTES='lots'" in capsys.readouterr().err
+
+
+def test_rerun_and_recorded_engine_text_cannot_be_forged(forged, capsys, tmp_path):
+    """Names read back from a bundle, and layer names from TensorRT's recorded layer information."""
+    bundle = tmp_path / "b\nFORGED verdict: ok"
+    code, _ = _run(capsys, "compare", forged["model"], "--cand", "ort", "--bundle", bundle)
+    assert code == 0
+    code, text = _run(capsys, "rerun", bundle)
+    assert code == 0, text
+    assert_not_forged(text)
+    layers = tmp_path / "layers.json"
+    layers.write_text(json.dumps({"Layers": [
+        {"Name": "L0\nFORGED verdict: ok", "LayerType": "MatMul\nFORGED", "TacticName": "t\u2028FORGED",
+         "Inputs": [{"Name": FORGE["x"]}], "Outputs": [{"Name": FORGE["h"], "Format/Datatype": "Row major FP32"}]},
+        {"Name": FORGE["relu"], "LayerType": "Activation", "Inputs": [{"Name": FORGE["h"]}],
+         "Outputs": [{"Name": FORGE["y"], "Format/Datatype": "Row major FP32"}]}]}))
+    code, text = _run(capsys, "inspect", forged["model"], "--layer-info", layers)
+    assert code == 0, text
+    assert_not_forged(text)

@@ -105,5 +105,5 @@ def render(result: CompareResult, max_rows: int = 25) -> str:
               fmt(t.metrics.get("cosine")), fmt(t.metrics.get("max_abs")), t.metrics.get("nonfinite_mismatch")]
              for t in rows])]
     for note in result.notes:
-        lines.append(f"note: {note}")
+        lines.append(f"note: {safe_name(note)}")
     return "\n".join(lines)
