@@ -481,3 +481,11 @@ def test_rerun_and_recorded_engine_text_cannot_be_forged(forged, capsys, tmp_pat
     code, text = _run(capsys, "inspect", forged["model"], "--layer-info", layers)
     assert code == 0, text
     assert_not_forged(text)
+
+
+def test_safe_name_is_one_escaped_line_cut_to_a_limit():
+    from workbench.textfmt import safe_name
+
+    shown = safe_name("a\nb\rc\x1b[2Jd\u2028e\x85f\tg")
+    assert shown == "a\\nb\\rc\\x1b[2Jd\\u2028e\\x85f\\tg" and len(shown.splitlines()) == 1
+    assert safe_name("x" * 50, 10) == "x" * 9 + "\u2026" and safe_name(None) == ""

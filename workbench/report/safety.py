@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _files
 from .._files import check_size, file_kind, limit
 from ..errors import WorkbenchError
 
@@ -96,17 +97,10 @@ def regular_file(path: Path, where: str, hint: str | None = None) -> os.stat_res
 
 
 def open_regular(path: Path, where: str):
-    """A binary file object for ``path``, opened without blocking and refused unless a regular file."""
+    """A binary file object for ``path``, opened without blocking and refused unless a regular file (the
+    workbench's one reader, :func:`workbench._files.open_regular`, after a missing file is named as such)."""
     regular_file(path, where)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode  # swapped between the stat and the open: check what was opened
-        if not stat.S_ISREG(mode):
-            raise UnsafeBundleError(f"{where} is {file_kind(mode)}, not a regular file; refusing to open it")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return _files.open_regular(path, where, UnsafeBundleError)
 
 
 def read_json(path: Path, where: str, *, schema: str | None = None, max_bytes: int | None = None) -> dict:
