@@ -1,12 +1,50 @@
 """Reading files a user names: regular files only (a FIFO blocks for ever, a device reads without end), and
-never more than a cap. Each caller raises its own error type, so the message fits what the file was for."""
+never more than a cap. Each caller raises its own error type, so the message fits what the file was for.
+
+Every file the workbench reads goes through here: :func:`open_regular` (opened without blocking, the opened file
+itself checked), :func:`read_capped` / :func:`read_text` / :func:`read_json` (whole files, refused past a cap
+before anything is read). The caps of :data:`LIMITS` are per kind of file; ``WORKBENCH_MAX_<KIND>_BYTES`` (e.g.
+``WORKBENCH_MAX_JSON_BYTES=2G``) raises one for a legitimately large file."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from typing import Any
 
 from .errors import WorkbenchError
+
+#: the default cap of each kind of file read whole: JSON documents (results, TensorRT records, bundles'
+#: manifests), calibration caches and tables, Python modules named by --preprocess/--metric, TensorRT engines
+#: from the engine cache. Models (protobuf's 2 GiB), feeds and samples have their own fixed caps.
+LIMITS = {"json": 256 * 1024**2, "calibration": 64 * 1024**2, "code": 16 * 1024**2, "engine": 16 * 1024**3}
+
+
+def env_name(kind: str) -> str:
+    """The environment variable that overrides the cap of ``kind``: WORKBENCH_MAX_JSON_BYTES, ..."""
+    return f"WORKBENCH_MAX_{kind.upper()}_BYTES"
+
+
+def limit(kind: str, default: int | None = None) -> int:
+    """The cap for files of ``kind``: ``WORKBENCH_MAX_<KIND>_BYTES`` when set (512M, 2G, a byte count), else
+    ``default`` or :data:`LIMITS`."""
+    text = os.environ.get(env_name(kind))
+    if text:
+        from .core.budget import parse_size
+
+        try:
+            return parse_size(text)
+        except WorkbenchError as e:
+            raise WorkbenchError(f"{env_name(kind)}={text!r}: {e.message}", "write e.g. 512M or 2G") from None
+    return default if default is not None else LIMITS[kind]
+
+
+def _raise_hint(kind: str | None, hint: str | None) -> str | None:
+    if kind is None:
+        return hint
+    how = f"set {env_name(kind)} to raise the limit"
+    return f"{hint}; or {how}" if hint else f"if the file is right, {how}"
 
 
 def file_kind(mode: int) -> str:
@@ -49,14 +87,30 @@ def open_regular(path: str | os.PathLike, what: str, error: type[WorkbenchError]
     return os.fdopen(fd, "rb")
 
 
-def read_capped(path: str | os.PathLike, max_bytes: int, what: str, error: type[WorkbenchError] = WorkbenchError,
-                size_hint: str | None = None) -> bytes:
-    """The bytes of ``path`` (see :func:`open_regular`) when at most ``max_bytes``; otherwise ``error`` with one
-    line naming ``what`` the file was meant to be (``size_hint``: what to do about a file over the cap)."""
+def check_size(fh, subject: str, max_bytes: int, error: type[WorkbenchError] = WorkbenchError,
+               size_hint: str | None = None, kind: str | None = None) -> int:
+    """The size of the open file ``fh``, or ``error`` naming ``subject`` (what and which file), its size and the
+    cap when over it (``kind``: the override of its cap is named in the hint)."""
+    size = os.fstat(fh.fileno()).st_size
+    if size > max_bytes:
+        raise error(f"{subject} is {human_size(size)}, over the {human_size(max_bytes)} limit",
+                    _raise_hint(kind, size_hint))
+    return size
+
+
+def read_capped(path: str | os.PathLike, max_bytes: int | None, what: str,
+                error: type[WorkbenchError] = WorkbenchError, size_hint: str | None = None,
+                kind: str | None = None) -> bytes:
+    """The bytes of ``path`` (see :func:`open_regular`) when at most ``max_bytes`` (None: the cap of ``kind``);
+    otherwise ``error`` with one line naming ``what`` the file was meant to be, its size and the cap
+    (``size_hint``: what to do about a file over the cap; ``kind``: its cap's override is named too)."""
+    if max_bytes is None:
+        max_bytes = limit(kind)
+    elif kind is not None:
+        max_bytes = limit(kind, max_bytes)
+    size_hint = _raise_hint(kind, size_hint)
     with open_regular(path, what, error) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size > max_bytes:
-            raise error(f"{what} {path} is {human_size(size)}, over the {human_size(max_bytes)} limit", size_hint)
+        size = check_size(fh, f"{what} {path}", max_bytes, error, size_hint)
         try:  # read what fstat says (+1 to see growth): read(max_bytes) would reserve the whole cap up front
             parts = [fh.read(size + 1)]
             total = len(parts[0])
@@ -72,3 +126,26 @@ def read_capped(path: str | os.PathLike, max_bytes: int, what: str, error: type[
     if len(data) > max_bytes:  # grew while being read
         raise error(f"{what} {path} is over the {human_size(max_bytes)} limit", size_hint)
     return data
+
+
+def read_text(path: str | os.PathLike, what: str, error: type[WorkbenchError] = WorkbenchError, *,
+              kind: str = "json", max_bytes: int | None = None, hint: str | None = None) -> str:
+    """UTF-8 text of ``path`` (see :func:`read_capped`); binary junk gives one line naming the file."""
+    data = read_capped(path, max_bytes, what, error, kind=kind)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {path} is not UTF-8 text (byte {e.start})", hint) from None
+
+
+def read_json(path: str | os.PathLike, what: str, error: type[WorkbenchError] = WorkbenchError, *,
+              kind: str = "json", max_bytes: int | None = None, hint: str | None = None) -> Any:
+    """The JSON document in ``path`` (see :func:`read_text`); invalid JSON gives one line naming the file."""
+    text = read_text(path, what, error, kind=kind, max_bytes=max_bytes, hint=hint)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})", hint) \
+            from None
+    except RecursionError:
+        raise error(f"{what} {path} nests too deeply", hint) from None

@@ -36,7 +36,11 @@ class _Parser(argparse.ArgumentParser):
 def _write_json(doc: dict, dest: str) -> None:
     text = json.dumps(doc, indent=2, sort_keys=False, allow_nan=False, default=str) + "\n"
     if dest == "-":
-        sys.stdout.write(text)
+        from ._stdout import json_stream
+
+        stream = json_stream()  # the real stdout: user code's prints go to stderr meanwhile (see main)
+        stream.write(text)
+        stream.flush()
         return
     from ._atomic import atomic_write_text
 
@@ -739,7 +743,10 @@ def _main(argv: Sequence[str] | None) -> int:
         if not args.command:
             parser.print_help()
             return EXIT_BAD_INPUT
-        return args.func(args)
+        from ._stdout import reserved
+
+        with reserved(getattr(args, "json", None) == "-"):  # stdout holds the JSON only
+            return args.func(args)
     except WorkbenchError as e:
         crashed = f"engine crash ({e.engine})" if getattr(e, "engine", None) else "engine crash"
         _say(f"{crashed if e.exit_code == EXIT_INTERNAL else 'error'}: {e}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .inspection import Inspection
-from .textfmt import human_bytes, printable, table
+from .textfmt import human_bytes, printable, safe_name, table
 
 
 def _shape(shape) -> str:
@@ -41,7 +41,7 @@ def render(result: Inspection) -> str:
     if doc["compatibility"]:
         rows = []
         for c in doc["compatibility"]:
-            missing = ", ".join(f"{u['op_type']}" for u in c.get("unsupported", [])) or None
+            missing = ", ".join(f"{safe_name(u['op_type'])}" for u in c.get("unsupported", [])) or None
             rows.append([c["target"], f"{c.get('model_opset')}/{c.get('max_opset')}",
                          "yes" if c["ok"] else "NO", missing])
         lines += ["", "compatibility (from the package's tables):",

@@ -41,6 +41,17 @@ def printable(text: object) -> str:
     return str(text).translate(_UNSAFE)
 
 
+def safe_name(text: object, limit: int | None = None) -> str:
+    """A user-controlled string (model path or name, tensor, node, input, metric or sample name, engine spec) as
+    text output shows it: on one line, control characters, line separators and escape sequences escaped (see
+    :func:`printable`), cut to ``limit`` characters with an ellipsis. Every text renderer interpolates names
+    through this, so no name can forge a line such as ``verdict: ok``."""
+    shown = printable("" if text is None else text)
+    if limit is not None and len(shown) > limit:
+        shown = shown[:max(limit - 1, 0)] + "\u2026"
+    return shown
+
+
 def printable_lines(text: str) -> str:
     """Multi-line ``text`` with control characters other than its line breaks escaped (a carriage return or an
     escape sequence in a name can no longer overwrite what a terminal shows)."""

@@ -12,6 +12,7 @@ from typing import Any
 from ..report.bundle import RESULTS, Bundle, BundleWriter
 from ..report.env import diff_versions, package_versions
 from ..report.safety import BundleError, confined, load_npz, read_json
+from ..textfmt import safe_name
 from .methods import METHODS
 from .report import SCHEMA, CalibrationReport
 
@@ -80,10 +81,11 @@ class CalibrationRerun:
 
     def render(self, top: int = 10) -> str:
         n = sum(len(r) for r in self.report.ranges.values())
-        lines = [f"rerun of {self.bundle} (calibration): " + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
+        lines = [f"rerun of {safe_name(self.bundle)} (calibration): "
+                 + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
                  + f" -- {n - len(self.changes)} of {n} thresholds identical"]
         for c in sorted(self.changes, key=lambda c: -c["relative_change"])[:top]:
-            lines.append(f"  {c['method']:<10} {c['tensor']}: amax {c['saved']:.6g} -> {c['now']:.6g} "
+            lines.append(f"  {c['method']:<10} {safe_name(c['tensor'])}: amax {c['saved']:.6g} -> {c['now']:.6g} "
                          f"({c['relative_change']:.2%})")
         if self.missing:
             lines.append(f"  tensors no longer calibrated: {', '.join(self.missing[:5])}")

@@ -12,7 +12,6 @@ misreads such names).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_write_bytes
+from .._files import open_regular, read_capped, read_json
 from .exceptions import CacheFormatError, CalibrationError
 
 log = logging.getLogger(__name__)
@@ -115,11 +115,7 @@ def write_trt_cache(path: str | os.PathLike, cache: TrtCache) -> Path:
 
 def read_trt_cache(path: str | os.PathLike) -> TrtCache:
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise CacheFormatError(f"cannot read {p}: {e.strerror or e}", "check the path") from None
-    return TrtCache.from_bytes(data, str(p))
+    return TrtCache.from_bytes(read_capped(p, None, "calibration cache", CacheFormatError, kind="calibration"), str(p))
 
 
 def write_ort_table(dest: str | os.PathLike, amax: dict[str, float | tuple[float, float]]) -> list[Path]:
@@ -155,10 +151,7 @@ def read_ort_json(path: str | os.PathLike) -> dict[str, float]:
     """amax = max(|lowest|, |highest|) by tensor from ORT's calibration.json (write_calibration_table), a
     ``save_tensors_data`` file ({"CLS": "TensorsData", "data": ...}) or a plain {name: [lo, hi]} JSON."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CacheFormatError(f"cannot read {p} as JSON: {e}") from None
+    doc = read_json(p, "calibration table", CacheFormatError, kind="calibration")
     if isinstance(doc, dict) and doc.get("CLS") == "TensorsData":
         doc = doc.get("data", {})
     if not isinstance(doc, dict):
@@ -189,11 +182,11 @@ def _number(value) -> float:
 def sniff(path: str | os.PathLike) -> str:
     """"trt" (TensorRT cache) or "ort-json" (ORT calibration JSON), by content."""
     p = Path(path)
-    try:
-        with open(p, "rb") as fh:
+    with open_regular(p, "calibration cache", CacheFormatError) as fh:
+        try:
             head = fh.read(4096)
-    except OSError as e:
-        raise CacheFormatError(f"cannot read {p}: {e.strerror or e}", "check the path") from None
+        except OSError as e:
+            raise CacheFormatError(f"cannot read {p}: {e.strerror or e}", "check the path") from None
     text = head.lstrip()
     if text.startswith(b"TRT-"):
         return "trt"

@@ -368,11 +368,9 @@ class CalibrationReport:
 
     @classmethod
     def load_json(cls, path: str | os.PathLike) -> CalibrationReport:
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise CalibrationError(f"cannot read calibration report {path}: {e}", "pass a valid JSON file") from None
-        return cls.from_json(doc)
+        from .._files import read_json
+
+        return cls.from_json(read_json(path, "calibration report", CalibrationError, hint="pass a valid JSON file"))
 
 
 def _worst(values) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from ..textfmt import safe_name
 from .methods import DEFAULT_PERCENTILES, RULES, percentile_of
 from .report import CalibrationReport
 
@@ -49,13 +50,14 @@ def _rules(report: CalibrationReport) -> list[str]:
 def render(report: CalibrationReport, top: int = 5) -> str:
     cfg = report.config
     lines = [
-        f"{report.model.name} (sha256 {report.model.sha256[:12]}): {len(report.tensors)} activation tensors, "
+        f"{safe_name(report.model.name)} (sha256 {report.model.sha256[:12]}): {len(report.tensors)} activation "
+        f"tensors, "
         f"{cfg.get('feeds')} calibration feeds, {cfg.get('chunks')} chunk(s), {cfg.get('num_bins')} bins",
         f"Rules (whose threshold each reproduces; the tensors are ranked under {_tag(report.method)}):",
         *_rules(report),
     ]
     if report.notes:
-        lines += [f"note: {n}" for n in report.notes]
+        lines += [f"note: {safe_name(n)}" for n in report.notes]
     lines += [
         "SQNR: int8 fake-quant, scale = amax/127; 'bulk' = values up to the 99.9th |x| percentile; "
         "worst = min(total, bulk)",
@@ -65,7 +67,8 @@ def render(report: CalibrationReport, top: int = 5) -> str:
     for method in report.methods:
         lines.append(f"  {_tag(method)}:")
         for e in report.worst(method, top):
-            lines.append(f"    {e.rank:>3}. {e.tensor}: worst {_db(e.worst_sqnr_db)} (total {_db(e.sqnr_db)}, bulk "
+            lines.append(f"    {e.rank:>3}. {safe_name(e.tensor)}: worst {_db(e.worst_sqnr_db)} "
+                         f"(total {_db(e.sqnr_db)}, bulk "
                          f"{_db(e.bulk_sqnr_db)}, clipped {_pct(e.clipped_fraction)}, amax {e.amax:.4g})")
     if "max" in report.ranges and len(report.methods) > 1:
         lines += ["", "What the other rules change on the tensors worst under max (bulk / total SQNR, clipped):"]
@@ -74,17 +77,17 @@ def render(report: CalibrationReport, top: int = 5) -> str:
             parts = [f"max {_db(by['max'].bulk_sqnr_db)} / {_db(by['max'].sqnr_db)}"]
             parts += [f"{m} {_db(q.bulk_sqnr_db)} / {_db(q.sqnr_db)}, {_pct(q.clipped_fraction)} (amax {q.amax:.4g})"
                       for m, q in by.items() if m != "max"]
-            lines.append(f"  {e.tensor}: " + "; ".join(parts))
+            lines.append(f"  {safe_name(e.tensor)}: " + "; ".join(parts))
     if report.representativeness is not None:
         flagged = [r for r in report.representativeness if r.flagged]
         lines += ["", f"Representativeness ({cfg.get('eval_feeds')} evaluation feeds, {report.method} thresholds): "
                   f"{len(flagged)} of {len(report.representativeness)} tensors flagged"]
         for r in flagged[:top]:
-            lines.append(f"  {r.tensor}: " + "; ".join(r.reasons) + f" (range drift x{r.range_drift:.2f})")
+            lines.append(f"  {safe_name(r.tensor)}: " + "; ".join(r.reasons) + f" (range drift x{r.range_drift:.2f})")
         if not flagged:
             worst = report.representativeness[0] if report.representativeness else None
             if worst is not None:
-                lines.append(f"  closest to a flag: {worst.tensor} (JS distance {worst.js_distance:.2f}; "
+                lines.append(f"  closest to a flag: {safe_name(worst.tensor)} (JS distance {worst.js_distance:.2f}; "
                              f"{_pct(worst.beyond_fraction)} of evaluation values beyond amax, calibration "
                              f"{_pct(worst.calib_beyond_fraction)})")
     if report.sweep is not None:
@@ -92,7 +95,7 @@ def render(report: CalibrationReport, top: int = 5) -> str:
         lines += ["", f"Sweep ({s.method} ranges, {s.feeds} feeds, output SQNR vs FP32): all {s.quantized} tensors "
                   f"quantized {_db(s.all_sqnr_db)} (cosine {s.all_cosine:.4f})"]
         for e in s.entries[:top]:
-            lines.append(f"  only {e.tensor}: {_db(e.only_sqnr_db)}; all but it: {_db(e.all_but_sqnr_db)} "
+            lines.append(f"  only {safe_name(e.tensor)}: {_db(e.only_sqnr_db)}; all but it: {_db(e.all_but_sqnr_db)} "
                          f"({e.recovery_db:+.1f} dB)")
     for method, q in report.qdq.items():
         lines += ["", f"QDQ model ({method} ranges: {report.rule(method)}; ORT quantize_static, "
@@ -100,11 +103,12 @@ def render(report: CalibrationReport, top: int = 5) -> str:
                   f"outputs vs FP32 over {q['feeds']} feeds: SQNR {_db(q['sqnr_db'])}, cosine {q['cosine']:.4f}"]
     if report.imported is not None:
         imp = report.imported
-        lines += ["", f"Imported {imp.format} thresholds from {imp.source}: {len(imp.matched)} match calibrated "
+        lines += ["", f"Imported {imp.format} thresholds from {safe_name(imp.source)}: {len(imp.matched)} match "
+                  "calibrated "
                   f"tensors, {len(imp.unmatched)} do not"]
         for t in imp.matched[:top]:
             ours = report.ranges[report.method][t]
-            lines.append(f"  {t}: imported amax {imp.amax[t]:.4g} vs {report.method} {ours:.4g}")
+            lines.append(f"  {safe_name(t)}: imported amax {imp.amax[t]:.4g} vs {report.method} {ours:.4g}")
     if report.skipped:
         lines += ["", f"note: {len(report.skipped)} tensor(s) not calibrated (e.g. "
                   f"{next(iter(report.skipped))}: {next(iter(report.skipped.values()))})"]

@@ -257,11 +257,9 @@ class CompareResult:
 
     @classmethod
     def load_json(cls, path: str | Path) -> CompareResult:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise WorkbenchError(f"cannot read comparison result {path}: {e}", "pass a valid JSON file") from None
-        return cls.from_json(doc)
+        from .._files import read_json
+
+        return cls.from_json(read_json(path, "comparison result", hint="pass a valid JSON file"))
 
     def tensors_frame(self):
         """One row per compared tensor: topo_index, tensor, node, op_type, diverged and every metric."""

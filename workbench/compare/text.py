@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..textfmt import table
+from ..textfmt import safe_name, table
 from .result import CompareResult, Culprit
 
 
@@ -43,7 +43,8 @@ def render(result: CompareResult, max_rows: int = 25) -> str:
     m = result.criterion.metric
     prec = result.precision or {}
     lines = [
-        f"{result.model.get('name', 'model')}: {result.reference} (reference) vs {result.candidate} (candidate); "
+        f"{safe_name(result.model.get('name', 'model'))}: {safe_name(result.reference)} (reference) vs "
+        f"{safe_name(result.candidate)} (candidate); "
         f"mode {result.mode}, {len(result.tensors)} tensors compared, {result.builds} candidate builds, "
         f"{result.feeds.get('count', '?')} feed(s), {result.timing.get('total_s', 0):.2f} s",
     ]
@@ -62,13 +63,15 @@ def render(result: CompareResult, max_rows: int = 25) -> str:
     for t in result.output_results:
         bad = t.metrics.get("nonfinite_mismatch") or 0
         state = "DIVERGED" if t.diverged else ("ok, at its floor" if t.at_floor else "ok")
-        lines.append(f"output {t.tensor}: {m} {fmt(t.metrics.get(m), m)}, cosine {fmt(t.metrics.get('cosine'))}, "
+        lines.append(f"output {safe_name(t.tensor)}: {m} {fmt(t.metrics.get(m), m)}, "
+                     f"cosine {fmt(t.metrics.get('cosine'))}, "
                      f"max_abs {fmt(t.metrics.get('max_abs'))}" + (f", {bad} inf/NaN where the reference is "
                                                                     "finite" if bad else "")
                      + _floor(t, m) + f" -> {state}")
     first = result.first_divergent
     if first is not None:
-        lines.append(f"first divergent: {first.tensor}  (node {first.node}, {first.op_type}, topo #{first.topo_index}; "
+        lines.append(f"first divergent: {safe_name(first.tensor)}  (node {safe_name(first.node)}, "
+                     f"{safe_name(first.op_type)}, topo #{first.topo_index}; "
                      f"{m} {fmt(first.metrics.get(m), m)}"
                      + (f", {first.metrics['nonfinite_mismatch']} non-finite mismatches" if
                         first.metrics.get("nonfinite_mismatch") else "") + _floor(first, m) + ")")
@@ -80,14 +83,16 @@ def render(result: CompareResult, max_rows: int = 25) -> str:
                      + ("; they fail this run (--fail-on-internal-dips)" if result.fail_on_internal_dips else
                         "; not a divergence"))
         for t in dips[:5]:
-            lines.append(f"  #{t.topo_index} {t.tensor} ({t.op_type}): {m} {fmt(t.metrics.get(m), m)}{_floor(t, m)}")
+            lines.append(f"  #{t.topo_index} {safe_name(t.tensor)} ({safe_name(t.op_type)}): "
+                         f"{m} {fmt(t.metrics.get(m), m)}{_floor(t, m)}")
     if result.culprits:
         lines += ["", "culprits (error each node introduces when run alone on the candidate with reference inputs; "
                   "harmful first):"]
         for i, c in enumerate(result.culprits, 1):
             flag = "" if c.introduces_divergence else "  (below the criterion)"
             beyond = f", beyond its floor {fmt(c.beyond_floor, m)}" if c.beyond_floor is not None else ""
-            lines.append(f"  {i}. {c.node} ({c.op_type}): introduced {m} {fmt(c.introduced.get(m), m)}{beyond}, "
+            lines.append(f"  {i}. {safe_name(c.node)} ({safe_name(c.op_type)}): "
+                         f"introduced {m} {fmt(c.introduced.get(m), m)}{beyond}, "
                          f"non-finite {c.introduced.get('nonfinite_mismatch')}; received {m} "
                          f"{fmt(c.received.get(m), m)}{flag}{_impact(c)}")
             if c.explanation:
@@ -100,5 +105,5 @@ def render(result: CompareResult, max_rows: int = 25) -> str:
               fmt(t.metrics.get("cosine")), fmt(t.metrics.get("max_abs")), t.metrics.get("nonfinite_mismatch")]
              for t in rows])]
     for note in result.notes:
-        lines.append(f"note: {note}")
+        lines.append(f"note: {safe_name(note)}")
     return "\n".join(lines)

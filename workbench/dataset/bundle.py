@@ -15,6 +15,7 @@ from typing import Any
 from ..report.bundle import RESULTS, Bundle, BundleWriter
 from ..report.env import diff_versions, package_versions
 from ..report.safety import BundleError, check_seal, confined, load_npz, read_json
+from ..textfmt import safe_name
 from .diff import changed_samples
 from .metrics import BUILTIN
 from .result import DatasetResult
@@ -116,15 +117,16 @@ class DatasetRerun:
 
     def render(self, top: int = 10) -> str:
         n = len(self.result.samples)
-        lines = [f"rerun of {self.bundle} (dataset, {n} samples): "
+        lines = [f"rerun of {safe_name(self.bundle)} (dataset, {n} samples): "
                  + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
                  + f" -- {n - len(self.changed)} of {n} samples identical"]
         if self.data_changed:
             lines.append(f"  the data differ from the bundle's on {len(self.data_changed)} sample(s): "
-                         + ", ".join(f"#{c['index']} {c['source']} ({c['why']})" for c in self.data_changed[:5]))
+                         + ", ".join(f"#{c['index']} {safe_name(c['source'])} ({c['why']})"
+                                     for c in self.data_changed[:5]))
         for c in self.changed[:top]:
-            lines.append(f"  #{c['index']} {c['source']}: " + "; ".join(c["what"]))
-        lines += [f"  note: {n}" for n in self.notes]
+            lines.append(f"  #{c['index']} {safe_name(c['source'])}: " + "; ".join(c["what"]))
+        lines += [f"  note: {safe_name(n)}" for n in self.notes]
         for pkg, (old, new) in self.versions_changed.items():
             lines.append(f"  version changed: {pkg} {old} -> {new}")
         return "\n".join(lines)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..textfmt import safe_name
 from .result import KIND
 
 #: numbers that differ by more than this (relative) count as changed
@@ -101,22 +102,22 @@ class DatasetDiff:
                 "only_after": self.only_after}
 
     def render(self, top: int = 10) -> str:
-        a, b = self.labels
+        a, b = (safe_name(label) for label in self.labels)
         doc = self.to_json()
         n = len(self.after.get("samples", []))
         lines = [f"{a} -> {b}: {len(self.changed)} of {n} sample(s) changed; diverged samples "
                  f"{doc['diverged_samples']['before']} -> {doc['diverged_samples']['after']}"]
         for name, v in doc["task"].items():
-            lines.append(f"  {name} mean: {_fmt(v['before'])} -> {_fmt(v['after'])}")
+            lines.append(f"  {safe_name(name)} mean: {_fmt(v['before'])} -> {_fmt(v['after'])}")
         for c in self.changed[:top]:
-            lines.append(f"  #{c['index']} {c['source']}: " + "; ".join(c["what"]))
+            lines.append(f"  #{c['index']} {safe_name(c['source'])}: " + "; ".join(safe_name(w) for w in c["what"]))
         if self.only_before or self.only_after:
             lines.append(f"  samples only in {a}: {len(self.only_before)}, only in {b}: {len(self.only_after)}")
         return "\n".join(lines)
 
 
 def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
+    return f"{v:.4g}" if isinstance(v, (int, float)) else safe_name(v)
 
 
 def diff_datasets(before: Any, after: Any, labels: tuple[str, str] = ("before", "after")) -> DatasetDiff:

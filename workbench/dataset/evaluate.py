@@ -36,8 +36,15 @@ class ModelRef:
     def load(self):
         import onnx
 
-        if self.path is not None:
-            return onnx.load(self.path)
+        if self.path is not None:  # read like every model file: a regular file, capped
+            from onnx.external_data_helper import load_external_data_for_model
+
+            from .._files import read_capped
+            from ..model.load import MAX_MODEL_BYTES
+
+            model = onnx.load_model_from_string(read_capped(self.path, MAX_MODEL_BYTES, "model file"))
+            load_external_data_for_model(model, os.path.dirname(os.path.abspath(self.path)))
+            return model
         blob = self.blob
         if type(blob).__name__ == "ObjectRef":
             import ray

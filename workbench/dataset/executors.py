@@ -323,8 +323,10 @@ class _Ray:
         def shipped(ref: ModelRef) -> ModelRef:
             if ref.path is None:
                 return ref
-            with open(ref.path, "rb") as fh:
-                return ModelRef(blob=self.ray.put(fh.read()))
+            from .._files import read_capped
+            from ..model.load import MAX_MODEL_BYTES
+
+            return ModelRef(blob=self.ray.put(read_capped(ref.path, MAX_MODEL_BYTES, "model file")))
 
         return self.ray.put(replace(job, ref_model=shipped(job.ref_model), cand_model=shipped(job.cand_model)))
 

@@ -15,6 +15,7 @@ from ..compare.criterion import Criterion
 from ..core.floats import encode_float, encode_metrics
 from ..core.metric_info import HIGHER_IS_BETTER
 from ..errors import WorkbenchError
+from ..textfmt import safe_name
 
 SCHEMA = "workbench.compare/1"
 KIND = "dataset"
@@ -135,27 +136,30 @@ class DatasetResult:
     def render(self) -> str:
         """The plain-text summary the CLI prints."""
         v = self.verdict()
-        lines = [f"{self.reference} vs {self.candidate} on {len(self.samples)} sample(s) "
+        lines = [f"{safe_name(self.reference)} vs {safe_name(self.candidate)} on {len(self.samples)} sample(s) "
                  f"({self.executor.get('kind', 'serial')}"
                  + (f", {self.executor.get('workers')} workers" if self.executor.get("workers", 1) > 1 else "") + ")",
                  ("DIVERGED: " if v["diverged"] else "ok: ") + v["reason"]]
         for name, agg in self.task.items():
-            lines.append(f"  {name}: mean {agg['mean']:.4g}, worst {agg['worst']:.4g} (sample {agg['worst_index']})")
+            lines.append(f"  {safe_name(name)}: mean {agg['mean']:.4g}, worst {agg['worst']:.4g} "
+                         f"(sample {agg['worst_index']})")
         worst = self.worst()
         if worst:
             lines.append(f"worst {len(worst)} sample(s):")
             for s in worst:
                 first = s.get("first_divergent")
-                task = ", ".join(f"{k} {val:.4g}" for k, val in s["task"].items())
-                lines.append(f"  #{s['index']} {s['source']}: " + (task + "; " if task else "")
-                             + (f"first divergence at {first['tensor']} ({first['op_type']})" if first
+                task = ", ".join(f"{safe_name(k)} {val:.4g}" for k, val in s["task"].items())
+                lines.append(f"  #{s['index']} {safe_name(s['source'])}: " + (task + "; " if task else "")
+                             + (f"first divergence at {safe_name(first['tensor'])} ({safe_name(first['op_type'])})"
+                                if first
                                 else "no layer diverged"))
         hot = sorted((row for row in self.layers if row["first_divergent_samples"]),
                      key=lambda r: -r["first_divergent_samples"])[:3]
         if hot:
             lines.append("where samples first diverge: " + ", ".join(
-                f"{r['tensor']} ({r['op_type']}, {r['first_divergent_samples']} sample(s))" for r in hot))
-        lines += [f"note: {n}" for n in self.notes]
+                f"{safe_name(r['tensor'])} ({safe_name(r['op_type'])}, {r['first_divergent_samples']} sample(s))"
+                for r in hot))
+        lines += [f"note: {safe_name(n)}" for n in self.notes]
         return "\n".join(lines)
 
 

@@ -102,6 +102,22 @@ def hash_feed(feed: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def _module_from_file(path: Path, what: str):
+    """The module of a ``file.py`` named by ``--preprocess``/``--metric``: its source read like any input (a
+    regular file, capped: see :mod:`workbench._files`), then compiled and run."""
+    from .._files import read_text
+
+    if not os.path.lexists(path):
+        raise InputError(f"{what} file not found: {path}", "check the path")
+    source = read_text(path, f"{what} file", InputError, kind="code", hint="pass a Python source file")
+    resolved = path.resolve()
+    spec = importlib.util.spec_from_loader(f"workbench_user_{resolved.stem}", loader=None, origin=str(resolved))
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(resolved)
+    exec(compile(source, str(resolved), "exec"), module.__dict__)  # noqa: S102 - the user's own code, asked for
+    return module
+
+
 def load_function(ref: str, what: str) -> Callable:
     """``module:function`` or ``path/to/file.py:function`` as a callable, with one clear error when it is not."""
     module_name, sep, attr = str(ref).rpartition(":")
@@ -109,12 +125,7 @@ def load_function(ref: str, what: str) -> Callable:
         raise InputError(f"{what} {ref!r} is not MODULE:FUNCTION", f"write e.g. mypackage.prep:{what}")
     try:
         if module_name.endswith(".py"):
-            path = Path(module_name).expanduser().resolve()
-            if not path.is_file():
-                raise InputError(f"{what} file not found: {path}", "check the path")
-            spec = importlib.util.spec_from_file_location(f"workbench_user_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            module = _module_from_file(Path(module_name).expanduser(), what)
         else:
             if "" not in sys.path and os.getcwd() not in sys.path:
                 sys.path.insert(0, os.getcwd())  # a module beside the user's command, as `python -m` finds it

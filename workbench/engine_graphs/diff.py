@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import WorkbenchError
-from ..textfmt import table
+from ..textfmt import safe_name, table
 from .result import SCHEMA as GRAPH_SCHEMA
 from .result import EngineGraph, EngineNode
 
@@ -24,12 +24,15 @@ def load_graph(source: Any) -> EngineGraph | None:
         return source
     if not isinstance(source, (str, os.PathLike)) or not str(source).lower().endswith(".json"):
         return None
+    from .._files import open_regular
+    from ..errors import WorkbenchError
+
     try:
         if not os.path.isfile(source):
             return None
-        with open(source, "rb") as fh:
+        with open_regular(source, "engine graph") as fh:
             head = fh.read(256).decode("utf-8", "replace")
-    except OSError:
+    except (OSError, WorkbenchError):
         return None
     if f'"schema": "{GRAPH_SCHEMA}"' not in head.replace(" ", "").replace('":"', '": "'):
         return None
@@ -213,8 +216,9 @@ def render_fusion_change(change: dict, labels: tuple[str, str] = ("saved", "now"
     """One line (plus the first ``top`` differing groups) saying whether the fusions changed."""
     a, b = labels
     if not change["changed"]:
-        return f"fusions: unchanged ({_groups_text(change['before'])}, {change['source']})"
-    lines = [f"fusions CHANGED ({change['source']}): {_groups_text(change['before'])} {a}, {change['after']} {b}; "
+        return f"fusions: unchanged ({_groups_text(change['before'])}, {safe_name(change['source'])})"
+    lines = [f"fusions CHANGED ({safe_name(change['source'])}): {_groups_text(change['before'])} {a}, "
+             f"{change['after']} {b}; "
              f"{len(change['only_before'])} only {a}, {len(change['only_after'])} only {b}"]
     for label, key in ((a, "only_before"), (b, "only_after")):
         for g in change[key][:top]:

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import onnx
 
+from .._files import read_json as read_json_file
 from ..errors import EngineRunError, EngineUnavailableError, WorkbenchError
 from .onnx_side import OnnxGraph
 from .partition import map_runtime
@@ -63,15 +65,14 @@ def read_json(source: Any, what: str) -> Any:
     """A JSON document from a path, a JSON string or an already parsed object."""
     if isinstance(source, (dict, list)):
         return source
-    text = str(source)
-    path = Path(text)
+    text = os.fspath(source) if isinstance(source, os.PathLike) else str(source)
+    hint = f"pass the JSON file TensorRT wrote ({_HOW[what]})"
+    if isinstance(source, os.PathLike) or not text.lstrip().startswith(("{", "[")):
+        return read_json_file(text, f"the TensorRT {what}", hint=hint)
     try:
-        if not text.lstrip().startswith(("{", "[")):
-            text = path.read_text()
         return json.loads(text)
-    except (OSError, ValueError) as e:
-        raise WorkbenchError(f"cannot read the TensorRT {what} {source}: {e}",
-                             f"pass the JSON file TensorRT wrote ({_HOW[what]})") from None
+    except (ValueError, RecursionError) as e:
+        raise WorkbenchError(f"cannot read the TensorRT {what} JSON text: {e}", hint) from None
 
 
 _HOW = {"layer information": "trtexec --exportLayerInfo=FILE --profilingVerbosity=detailed",

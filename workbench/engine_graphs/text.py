@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..textfmt import printable, table
+from ..textfmt import printable, safe_name, table
 from .result import EngineGraph
 
 #: the longest name shown in a line or cell (a trace or model may name a node with a megabyte)
@@ -29,7 +29,8 @@ def render(graph: EngineGraph, top: int = 10) -> str:
     level = f", graph optimization {d['graph_optimization']}" if d.get("graph_optimization") else ""
     covered = len(graph.covered())
     total = d.get("onnx_compute_nodes")
-    lines = [f"{graph.model.get('name', 'model')} on {graph.engine}" + (f" ({version}{level})" if version else "")
+    lines = [f"{safe_name(graph.model.get('name', 'model'))} on {safe_name(graph.engine)}"
+             + (f" ({version}{level})" if version else "")
              + f": {len(graph.nodes)} executed nodes ({len(compute)} compute, {len(graph.nodes) - len(compute)} "
              f"layout), {len(graph.fused_nodes)} fused",
              f"ONNX compute nodes: {total if total is not None else '?'}, {covered} covered "

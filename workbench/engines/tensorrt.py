@@ -150,8 +150,10 @@ class TensorRTEngine(Engine):
     def _load_cached(self, key: str) -> bytes | None:
         path = self._cache_path(key)
         if path is not None and path.is_file():
+            from .._files import read_capped
+
             log.info("TensorRT engine cache hit: %s", path)
-            return path.read_bytes()
+            return read_capped(path, None, "TensorRT engine cache", kind="engine")
         return None
 
     def _store_cached(self, key: str, plan: bytes) -> None:
@@ -215,8 +217,12 @@ def _digest(source: bytes | str) -> str:
     if isinstance(source, bytes):
         sha.update(source)
         return sha.hexdigest()
+    from .._files import open_regular
+
     for path in sorted(Path(source).parent.iterdir()):  # the .onnx file and its external data
-        with path.open("rb") as fh:
+        if not path.is_file():
+            continue
+        with open_regular(path, "model file") as fh:
             for chunk in iter(lambda fh=fh: fh.read(1 << 24), b""):
                 sha.update(chunk)
     return sha.hexdigest()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from .._files import open_regular
+
 _CHUNK = 1 << 20
 
 
@@ -13,7 +15,7 @@ def fingerprint(model_bytes: bytes, external_files: list[Path] = ()) -> str:
     h = hashlib.sha256(model_bytes)
     for path in sorted(external_files, key=lambda p: p.name):
         h.update(b"\x00" + path.name.encode("utf-8") + b"\x00")
-        with open(path, "rb") as fh:
+        with open_regular(path, "external data file") as fh:
             while chunk := fh.read(_CHUNK):
                 h.update(chunk)
     return h.hexdigest()

@@ -20,6 +20,7 @@ from ..compare.criterion import Criterion
 from ..compare.isolate import build_isolation
 from ..core.metrics import ErrorStats
 from ..errors import WorkbenchError
+from ..textfmt import safe_name
 from .common import _ISO_PREFIX, _NUMPY_TYPES, FILES, SCHEMA, ReduceError
 from .files import _agrees, _ort_or_fail, npz_bytes, run_ort
 from .models import _constant_outputs, _extra_outputs, _spec, _standalone
@@ -91,9 +92,9 @@ class ReduceResult:
     def render(self) -> str:
         """A few lines for the terminal."""
         crit = self.criterion
-        lines = [f"reduced {self.node} ({self.op_type}) into {self.out}",
+        lines = [f"reduced {safe_name(self.node)} ({safe_name(self.op_type)}) into {safe_name(self.out)}",
                  f"  reference.onnx: {len(self.nodes)} node(s) {', '.join(self.op_types)}; candidate.onnx: "
-                 f"{len(self.candidate_nodes)} node(s) {', '.join(self.candidate_nodes)}",
+                 f"{len(self.candidate_nodes)} node(s) {', '.join(map(safe_name, self.candidate_nodes))}",
                  f"  candidate vs expected on {self.engine}: {_metrics_text(crit.metric, self.metrics)}"]
         if self.reproduced:
             lines.append(f"  reproduces alone ({crit.describe()})")
@@ -102,7 +103,7 @@ class ReduceResult:
                          "the divergence needs more of the graph (see README.md)")
         if self.ort_metrics is not None:
             lines.append(f"  on ONNX Runtime CPU: {_metrics_text(crit.metric, self.ort_metrics)}")
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  note: {safe_name(n)}" for n in self.notes]
         return "\n".join(lines)
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import onnx
 
+from ..textfmt import safe_name
+
 SCHEMA = "workbench.repair/1"
 
 
@@ -71,19 +73,19 @@ class RepairResult:
 
     def render(self) -> str:
         """A few lines: verdict, kept nodes, before/after per output, verification, weights, cost."""
-        lines = [f"repair {self.candidate} against {self.reference}: target "
-                 f"{'MET' if self.met else 'NOT REACHED'} ({self.target.get('text', '')})"]
+        lines = [f"repair {safe_name(self.candidate)} against {safe_name(self.reference)}: target "
+                 f"{'MET' if self.met else 'NOT REACHED'} ({safe_name(self.target.get('text', ''))})"]
         label = "kept in reference precision" if self.kind == "float" else "Q/DQ removed around"
         best = "" if self.met else " (best set found)"
-        lines.append(f"  {label}{best}: {', '.join(self.kept) if self.kept else '(nothing)'}"
+        lines.append(f"  {label}{best}: {', '.join(map(safe_name, self.kept)) if self.kept else '(nothing)'}"
                      + ("" if self.minimal or not self.kept else " (not proven 1-minimal)"))
         metric = self.target.get("criterion", "")
         for out, b in (self.before.get("outputs") or {}).items():
             a = (self.after.get("outputs") or {}).get(out, {})
             key = next((k for k in b if k not in ("nonfinite_mismatch", "diverged")), None)
-            lines.append(f"  output {out}: {key} {_fmt(b.get(key))} -> {_fmt(a.get(key))}")
+            lines.append(f"  output {safe_name(out)}: {key} {_fmt(b.get(key))} -> {_fmt(a.get(key))}")
         if self.target.get("kind") == "metric":
-            lines.append(f"  {self.target.get('metric')}: {_fmt(self.before.get('value'))} -> "
+            lines.append(f"  {safe_name(self.target.get('metric'))}: {_fmt(self.before.get('value'))} -> "
                          f"{_fmt(self.after.get('value'))} (worst feed)")
         for role, v in self.verification.items():
             if v.get("skipped"):
@@ -96,8 +98,8 @@ class RepairResult:
         lines.append(f"  {len(self.evaluations)} evaluations, {self.builds} candidate builds, "
                      f"{self.timing.get('total_s', 0):.1f}s" + (f"; criterion {metric}" if metric else ""))
         if self.model_path:
-            lines.append(f"  repaired model: {self.model_path}")
-        lines += [f"  note: {n}" for n in self.notes]
+            lines.append(f"  repaired model: {safe_name(self.model_path)}")
+        lines += [f"  note: {safe_name(n)}" for n in self.notes]
         return "\n".join(lines)
 
 

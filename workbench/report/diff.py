@@ -18,6 +18,7 @@ from ..compare.result import CompareResult
 from ..core.floats import decode_float, encode_float, encode_metrics
 from ..core.metric_info import METRICS
 from ..errors import WorkbenchError
+from ..textfmt import safe_name
 from .env import diff_versions
 
 SCHEMA = "workbench.diff/1"
@@ -305,8 +306,10 @@ class ResultDiff:
 
         a, b = self.labels
         m = self.metric
-        lines = [f"{a}: {self.before.reference} vs {self.before.candidate} on {self.before.model.get('name')}; "
-                 f"{b}: {self.after.reference} vs {self.after.candidate} on {self.after.model.get('name')}"]
+        a, b = safe_name(a), safe_name(b)
+        lines = [f"{a}: {safe_name(self.before.reference)} vs {safe_name(self.before.candidate)} on "
+                 f"{safe_name(self.before.model.get('name'))}; {b}: {safe_name(self.after.reference)} vs "
+                 f"{safe_name(self.after.candidate)} on {safe_name(self.after.model.get('name'))}"]
         verdict = {True: "DIVERGED", False: "ok"}
         lines.append(f"verdict: {verdict[self.before.diverged]} -> {verdict[self.after.diverged]}"
                      + (" (changed)" if self.verdict_changed else " (same)"))
@@ -316,7 +319,7 @@ class ResultDiff:
             lines.append(f"exit status: {'fails' if self.before.failed else 'passes'} -> "
                          f"{'fails' if self.after.failed else 'passes'}")
         for o in self.outputs():
-            lines.append(f"output {o['tensor']}: {m} {fmt(decode_float(o['before']), m)} -> "
+            lines.append(f"output {safe_name(o['tensor'])}: {m} {fmt(decode_float(o['before']), m)} -> "
                          f"{fmt(decode_float(o['after']), m)} "
                          f"({o['state_before']} -> {o['state_after']})")
         dips = self.internal_dips
@@ -346,7 +349,7 @@ class ResultDiff:
                   f"{'yes' if t.diverged_after else 'no'}"] for t in moved])]
         else:
             lines.append(f"per-tensor {m}: no change")
-        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"note: {safe_name(n)}" for n in self.notes]
         return "\n".join(lines)
 
 

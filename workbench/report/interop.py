@@ -320,7 +320,10 @@ def _graph_name(model: Any) -> str | None:
     try:
         import onnx
 
-        return onnx.load(str(model), load_external_data=False).graph.name or None
+        from .._files import read_capped
+        from ..model.load import MAX_MODEL_BYTES
+
+        return onnx.load_from_string(read_capped(str(model), MAX_MODEL_BYTES, "model file")).graph.name or None
     except Exception:  # noqa: BLE001 - the graph id falls back to the exporter's default
         return None
 

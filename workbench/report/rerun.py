@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compare.result import CompareResult
+from ..textfmt import safe_name
 from .bundle import Bundle, load_bundle
 from .diff import ResultDiff, diff_results
 from .engine_options import bundle_engine_options
@@ -96,9 +97,9 @@ class RerunReport:
 
     def render(self) -> str:
         d = self.diff
-        head = (f"rerun of {self.bundle}: " + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
+        head = (f"rerun of {safe_name(self.bundle)}: " + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
                 + (" (metrics identical)" if d.metrics_match() else " (metrics drifted)"))
-        lines = [head, *(f"note: {n}" for n in self.notes)]
+        lines = [head, *(f"note: {safe_name(n)}" for n in self.notes)]
         versions = self.versions_changed
         lines.append("package versions since the bundle was made: " + (
             "; ".join(f"{k} {a or 'absent'} -> {b or 'absent'}" for k, (a, b) in versions.items())

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .._files import file_kind
+from .. import _files
+from .._files import check_size, file_kind, limit
 from ..errors import WorkbenchError
 
 #: largest JSON document read (manifest, results, Polygraphy files hold base64 arrays: larger)
@@ -96,24 +97,21 @@ def regular_file(path: Path, where: str, hint: str | None = None) -> os.stat_res
 
 
 def open_regular(path: Path, where: str):
-    """A binary file object for ``path``, opened without blocking and refused unless a regular file."""
+    """A binary file object for ``path``, opened without blocking and refused unless a regular file (the
+    workbench's one reader, :func:`workbench._files.open_regular`, after a missing file is named as such)."""
     regular_file(path, where)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode  # swapped between the stat and the open: check what was opened
-        if not stat.S_ISREG(mode):
-            raise UnsafeBundleError(f"{where} is {file_kind(mode)}, not a regular file; refusing to open it")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return _files.open_regular(path, where, UnsafeBundleError)
 
 
-def read_json(path: Path, where: str, *, schema: str | None = None, max_bytes: int = MAX_JSON_BYTES) -> dict:
-    """A JSON object from ``path``; ``schema``: the exact ``schema`` field required (family/N)."""
+def read_json(path: Path, where: str, *, schema: str | None = None, max_bytes: int | None = None) -> dict:
+    """A JSON object from ``path``; ``schema``: the exact ``schema`` field required (family/N). Refused past
+    ``max_bytes`` (default :data:`MAX_JSON_BYTES`, or ``WORKBENCH_MAX_JSON_BYTES``) before anything is read."""
+    cap = max_bytes if max_bytes is not None else limit("json", MAX_JSON_BYTES)
     with open_regular(path, where) as fh:
-        data = fh.read(max_bytes + 1)
-    return parse_json(data, where, schema=schema, max_bytes=max_bytes)
+        size = check_size(fh, where, cap, BundleError, None if max_bytes is None else "this is not a file the "
+                          "workbench wrote", kind=None if max_bytes is not None else "json")
+        data = fh.read(size + 1)
+    return parse_json(data, where, schema=schema, max_bytes=cap)
 
 
 def parse_json(data: bytes, where: str, *, schema: str | None = None, max_bytes: int = MAX_JSON_BYTES) -> dict:
