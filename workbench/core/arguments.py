@@ -25,28 +25,21 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
-def whole(lo: int = 0, *, optional: bool = False) -> Rule:
-    """A whole number (an int, not a bool) of at least ``lo``."""
+def whole(lo: int | None = None) -> Rule:
+    """A whole number (an int, not a bool); at least ``lo`` when given (else the function checks the range, in
+    its own words)."""
     def rule(name: str, value: Any) -> None:
-        if value is None and optional:
-            return
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{name} must be a whole number (int), not {_kind(value)}")
-        if value < lo:
+        if lo is not None and value < lo:
             raise ValueError(f"{name} must be at least {lo}, not {value}")
     return rule
 
 
-def number(lo: float | None = None, *, above: bool = False, optional: bool = True) -> Rule:
-    """A real number (not a bool), above (or at least) ``lo``."""
-    def rule(name: str, value: Any) -> None:
-        if value is None and optional:
-            return
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a number, not {_kind(value)}")
-        if value != value or (lo is not None and (value <= lo if above else value < lo)):
-            raise ValueError(f"{name} must be {'above' if above else 'at least'} {lo}, not {value}")
-    return rule
+def number(name: str, value: Any) -> None:
+    """A real number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, not {_kind(value)}")
 
 
 def flag(name: str, value: Any) -> None:
@@ -55,11 +48,9 @@ def flag(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be True or False, not {_kind(value)}")
 
 
-def texts(*, optional: bool = True) -> Rule:
+def texts() -> Rule:
     """A list (or tuple, set) of strings; one string is refused (it would be read letter by letter)."""
     def rule(name: str, value: Any) -> None:
-        if value is None and optional:
-            return
         if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, set, frozenset)):
             raise TypeError(f"{name} must be a list of strings, not {_kind(value)}")
         bad = [v for v in value if not isinstance(v, str)]
@@ -68,21 +59,19 @@ def texts(*, optional: bool = True) -> Rule:
     return rule
 
 
-def one_of(*types: type, optional: bool = True, what: str = "") -> Rule:
+def one_of(*types: type, what: str = "") -> Rule:
     """An instance of one of ``types`` (``what`` describes them in the message)."""
     def rule(name: str, value: Any) -> None:
-        if value is None and optional:
-            return
         if not isinstance(value, types):
             described = what or " or ".join(t.__name__ for t in types)
             raise TypeError(f"{name} must be {described}, not {_kind(value)}")
     return rule
 
 
-def path(*, optional: bool = True, also: tuple[type, ...] = ()) -> Rule:
+def path(*, also: tuple[type, ...] = ()) -> Rule:
     """A file system path (str or os.PathLike), not empty."""
     def rule(name: str, value: Any) -> None:
-        if value is None and optional or (also and isinstance(value, also)):
+        if also and isinstance(value, also):
             return
         if not isinstance(value, (str, os.PathLike)):
             extra = "".join(f" or a {t.__name__}" for t in also)
@@ -105,37 +94,37 @@ def model_source(name: str, value: Any) -> None:
 
 
 def _spec(name: str, value: Any) -> None:
-    if value is not None and not isinstance(value, str) and type(value).__name__ != "EngineSpec":
+    if not isinstance(value, str) and type(value).__name__ != "EngineSpec":
         raise TypeError(f"{name} must be an engine spec such as 'ort:fp16', not {_kind(value)}")
 
 
 def _callable(name: str, value: Any) -> None:
-    if value is not None and not callable(value):
+    if not callable(value):
         raise TypeError(f"{name} must be a function, not {_kind(value)}")
 
 
 def _code(name: str, value: Any) -> None:
-    if value is not None and not isinstance(value, str) and not callable(value):
+    if not isinstance(value, str) and not callable(value):
         raise TypeError(f"{name} must be 'module:function', 'file.py:function' or a function, not {_kind(value)}")
 
 
 def _criterion(name: str, value: Any) -> None:
-    if value is not None and not isinstance(value, str) and type(value).__name__ != "Criterion":
+    if not isinstance(value, str) and type(value).__name__ != "Criterion":
         raise TypeError(f"{name} must be a criterion such as 'sqnr_db<30', not {_kind(value)}")
 
 
 def _event(name: str, value: Any) -> None:
-    if value is not None and not callable(getattr(value, "is_set", None)):
+    if not callable(getattr(value, "is_set", None)):
         raise TypeError(f"{name} must be a threading.Event, not {_kind(value)}")
 
 
 def _size(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (str, numbers.Integral))):
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral)):
         raise TypeError(f"{name} must be a size such as '512M' or a number of bytes, not {_kind(value)}")
 
 
 def _shapes(name: str, value: Any) -> None:
-    if value is not None and not isinstance(value, Mapping):
+    if not isinstance(value, Mapping):
         texts()(name, value)
 
 
@@ -143,17 +132,16 @@ def _shapes(name: str, value: Any) -> None:
 RULES: dict[str, Rule] = {
     "model": model_source, "source": model_source, "cand_model": model_source,
     "reference": _spec, "candidate": _spec, "engine": _spec,
-    "seed": whole(0), "feed_count": whole(1), "max_builds": whole(1), "max_pool": whole(1), "max_nodes": whole(1),
-    "top_k": whole(1), "num_bins": whole(2), "ort_entropy_bins": whole(2), "workers": whole(1), "runs": whole(0),
-    "warmup": whole(0), "calibration_count": whole(1), "worst": whole(0), "max_culprits": whole(0),
-    "impact": whole(0), "threads": whole(1, optional=True),
-    "timeout_s": number(0, above=True), "percentile": number(0, above=True),
-    "targets": texts(), "keep_fp32": texts(), "nodes": texts(), "methods": texts(optional=False),
+    "seed": whole(0), **{name: whole() for name in (
+        "feed_count", "max_builds", "max_pool", "max_nodes", "top_k", "num_bins", "ort_entropy_bins", "workers",
+        "runs", "warmup", "calibration_count", "worst", "max_culprits", "impact", "threads")},
+    "timeout_s": number, "percentile": number,
+    "targets": texts(), "keep_fp32": texts(), "nodes": texts(), "methods": texts(),
     "outputs": texts(), "allow_engines": texts(),
     "dest": path(), "out": path(), "base_dir": path(),
     "memory_budget": _size, "input_shapes": _shapes,
     "criterion": _criterion,
-    "method": one_of(str), "mode": one_of(str), "batch": one_of(str), "executor": one_of(str),
+    "method": one_of(str), "mode": one_of(str), "batch": one_of(str),
     "node": one_of(str), "command": one_of(str), "verify": one_of(str), "optimization": one_of(str),
     "preprocess": _code, "progress": _callable, "cancel": _event,
     **{name: flag for name in ("probe", "sweep", "zip", "overwrite", "copy_model", "include_data", "layers",
@@ -168,7 +156,7 @@ def checked(**extra: Rule | type | tuple[type, ...]) -> Callable:
     def wrap(fn: Callable) -> Callable:
         sig = inspect.signature(fn)
         rules = {**RULES, **{k: (v if callable(v) and not isinstance(v, type) else one_of(
-            *(v if isinstance(v, tuple) else (v,)), optional=False)) for k, v in extra.items()}}
+            *(v if isinstance(v, tuple) else (v,)))) for k, v in extra.items()}}
         varkw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
 
         @functools.wraps(fn)

@@ -37,7 +37,7 @@ import numpy as np
 
 from .._atomic import clean_stale, place_new, temp_prefix, umask
 from ..compare.result import CompareResult
-from ..core.arguments import checked, path
+from ..core import arguments
 from ..errors import WorkbenchError
 from .safety import (
     SEAL,
@@ -266,7 +266,7 @@ def _compare_options(result: CompareResult, opts: dict) -> tuple[dict, list[str]
     return doc, notes
 
 
-@checked(result=CompareResult)
+@arguments.checked(result=CompareResult)
 def save_bundle(
     result: CompareResult,
     model: Any = None,
@@ -542,6 +542,10 @@ class Bundle:
         self.close()
 
 
+class UnsealedBundleError(BundleError):
+    """A bundle whose manifest carries no seal, opened without ``trust_unsealed=True``."""
+
+
 def _check_manifest(manifest: dict, name: str, trust_unsealed: bool = False) -> dict:
     """The sections a bundle of its kind needs, and its seal: a manifest without one is refused unless the caller
     trusts it (``trust_unsealed``), since without it an edited manifest (criterion, options, file hashes) would
@@ -563,11 +567,7 @@ def _check_manifest(manifest: dict, name: str, trust_unsealed: bool = False) -> 
     return manifest
 
 
-class UnsealedBundleError(BundleError):
-    """A bundle whose manifest carries no seal, opened without ``trust_unsealed=True``."""
-
-
-@checked(path=path(optional=False))
+@arguments.checked(path=arguments.path())
 def load_bundle(path: str | os.PathLike, *, trust_unsealed: bool = False) -> Bundle:
     """Open a bundle folder or .zip. A zip's entries are checked and its manifest read before anything is
     extracted (to a temporary folder), and only the files that manifest lists are extracted. The manifest must

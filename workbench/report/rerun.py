@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compare.result import CompareResult
-from ..core.arguments import checked, path
+from ..core import arguments
 from .bundle import Bundle, load_bundle
 from .diff import ResultDiff, diff_results
 from .engine_options import bundle_engine_options
@@ -112,7 +112,7 @@ class RerunReport:
         return "\n".join(lines)
 
 
-@checked(bundle=path(optional=False, also=(Bundle,)))
+@arguments.checked(bundle=arguments.path(also=(Bundle,)))
 def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike | None = None,
                  cand_model: str | os.PathLike | None = None, isolate: bool | None = None,
                  timeout_s: float | None = None, progress: Any = None, allow_engines: Any = (),
