@@ -50,7 +50,7 @@ def tag() -> str:
 
 def temp_prefix(name: str) -> str:
     """The prefix of our temporaries for ``name`` (pass ``suffix=".tmp"`` to mkstemp/mkdtemp)."""
-    return f".{name}.{tag()}"
+    return f".{name[:64]}.{tag()}"  # a long name (up to NAME_MAX) still leaves room for the tag
 
 
 def _alive(pid: int) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from . import __version__
 from .core.paths import Output, check_outputs
 from .errors import Cancelled, InputError, WorkbenchError
+from .output_options import SPACE_ERRNOS, OutputOption, check_given_outputs, space_error_destination
 from .textfmt import printable, printable_lines
 
 log = logging.getLogger("workbench")
@@ -231,7 +232,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     report = rerun_bundle(args.bundle, model=args.model, cand_model=args.cand_model, inputs=args.inputs,
                           preprocess=args.preprocess, metrics=args.metric, workers=args.workers,
                           executor=args.executor, allow_engines=args.allow_engine or (),
-                          progress=_progress_logger() if args.verbose else None)
+                          trust_unsealed=args.trust_unsealed, progress=_progress_logger() if args.verbose else None)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
@@ -449,6 +450,9 @@ def _size(text: str) -> str:
 _size.__name__ = "memory size"
 #: ranges of the numeric options
 SEED = _whole(0, 2**63 - 1)
+#: output options (checked from the parser before any work: workbench.output_options)
+JSON_OUT, FILE_OUT, NEW_OUT, FOLDER_OUT = (OutputOption("file", stdout=True), OutputOption("file"),
+                                          OutputOption("new"), OutputOption("folder"))
 COUNT = _whole(1, 100_000)
 ROWS = _whole(0, 100_000)
 
@@ -487,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="graph, opset inventory, problems and runtime compatibility of a model")
     p.add_argument("model", help="path to an .onnx file")
-    p.add_argument("--json", metavar="OUT", help="write the workbench.inspect/1 JSON to OUT ('-' for stdout); "
+    p.add_argument("--json", type=JSON_OUT, metavar="OUT",
+                   help="write the workbench.inspect/1 JSON to OUT ('-' for stdout); "
                    "with --engine the workbench.engine_graph/1 JSON")
     p.add_argument("--targets", nargs="+", metavar="TARGET",
                    help="runtimes to check against, e.g. trt-10 trt-8.6 ort-1.20 openvino (default: a handful)")
@@ -517,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "at the start of the trace to drop (default 1)")
     g.add_argument("--top", type=ROWS, default=10, metavar="N", help="slowest nodes listed (and plotted in "
                    "--report; default 10)")
-    g.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report of the engine graph "
+    g.add_argument("--report", type=FILE_OUT, metavar="OUT.html",
+                   help="write a self-contained HTML report of the engine graph "
                    "(slowest nodes, providers, precisions, fused groups, plots; works offline)")
     p.set_defaults(func=cmd_inspect)
 
@@ -545,9 +551,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run engines in a worker process (auto: TensorRT and GPU providers)")
     p.add_argument("--timeout", type=_number(0, 7 * 86400, above=True), metavar="S",
                    help="worker timeout in seconds (isolated engines), above 0, at most a week")
-    p.add_argument("--json", metavar="OUT", help="write the workbench.compare/1 JSON to OUT ('-' for stdout)")
-    p.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report (plots work offline)")
-    p.add_argument("--bundle", metavar="DIR", help="save a rerunnable bundle: model copy, feeds, options, results "
+    p.add_argument("--json", type=JSON_OUT, metavar="OUT",
+                   help="write the workbench.compare/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--report", type=FILE_OUT, metavar="OUT.html",
+                   help="write a self-contained HTML report (plots work offline)")
+    p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",
+                   help="save a rerunnable bundle: model copy, feeds, options, results "
                    "(DIR.zip: zipped); rerun it with `workbench rerun DIR`")
     g = p.add_argument_group("dataset (per-sample results; any of these turns them on)")
     g.add_argument("--metric", nargs="+", metavar="NAME", help="task metrics per sample: top1, topk[:K], ctc, "
@@ -591,13 +600,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "Runtime's; its 128 levels then leave one window: max)")
     p.add_argument("--num-bins", type=_power_of_two(2, 2**16), default=2048, metavar="N", help="histogram bins, "
                    "a power of two from 2 to 65536 (default 2048, TensorRT's)")
-    p.add_argument("--cache", metavar="OUT", help="write TensorRT's calibration cache of --method to OUT")
+    p.add_argument("--cache", type=FILE_OUT, metavar="OUT",
+                   help="write TensorRT's calibration cache of --method to OUT")
     p.add_argument("--cache-version", type=_whole(0), default=100300, metavar="INT",
                    help="version in the cache's TRT-<version>-<Algo> header (default 100300: TensorRT 10.3)")
-    p.add_argument("--ort-table", metavar="DIR", help="write ORT's calibration.json/.flatbuffers/.cache into DIR")
+    p.add_argument("--ort-table", type=FOLDER_OUT, metavar="DIR",
+                   help="write ORT's calibration.json/.flatbuffers/.cache into DIR")
     p.add_argument("--import-cache", metavar="FILE", help="overlay thresholds from a TensorRT cache or ORT "
                    "calibration.json")
-    p.add_argument("--qdq", metavar="OUT.onnx", help="write a QDQ INT8 model with --method's ranges and compare its "
+    p.add_argument("--qdq", type=FILE_OUT, metavar="OUT.onnx",
+                   help="write a QDQ INT8 model with --method's ranges and compare its "
                    "outputs with FP32 on ORT")
     p.add_argument("--sweep", action="store_true", help="quantize-only-this / keep-only-this-in-float sweep on the "
                    "top tensors, judged on the model's outputs")
@@ -607,10 +619,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "e.g. 512M, 2G (default: a quarter of RAM, at most 4G)")
     p.add_argument("--seed", type=SEED, default=0, help="seed for random feeds (default 0)")
     p.add_argument("--top", type=ROWS, default=5, metavar="N", help="rows per section in the summary (default 5)")
-    p.add_argument("--json", metavar="OUT", help="write the workbench.calibrate/1 JSON to OUT ('-' for stdout)")
-    p.add_argument("--report", metavar="OUT.html", help="write a self-contained HTML report (histograms with "
+    p.add_argument("--json", type=JSON_OUT, metavar="OUT",
+                   help="write the workbench.calibrate/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--report", type=FILE_OUT, metavar="OUT.html",
+                   help="write a self-contained HTML report (histograms with "
                    "each method's threshold, sensitivity, representativeness)")
-    p.add_argument("--bundle", metavar="DIR", help="save model, feeds, options and results as a bundle that "
+    p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",
+                   help="save model, feeds, options and results as a bundle that "
                    "`workbench rerun` recollects (DIR.zip for a zip)")
     p.set_defaults(func=cmd_calibrate)
 
@@ -619,9 +634,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="PATH", help="the model file, for a bundle that keeps only a reference "
                    "(its sha256 must match)")
     p.add_argument("--cand-model", metavar="PATH", help="the candidate model file, likewise")
-    p.add_argument("--json", metavar="OUT", help="write the workbench.rerun/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--json", type=JSON_OUT, metavar="OUT",
+                   help="write the workbench.rerun/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--allow-engine", nargs="+", metavar="MODULE:CLASS", help="import these engine classes named by "
                    "the bundle (a bundle never imports code by itself)")
+    p.add_argument("--trust-unsealed", action="store_true", help="rerun a bundle whose manifest carries no seal "
+                   "(manifest_sha256; refused by default: edits to it or its files would go unnoticed)")
     g = p.add_argument_group("dataset bundles")
     g.add_argument("--inputs", metavar="DIR", help="the dataset, when it is no longer where the bundle recorded it")
     g.add_argument("--preprocess", metavar="MODULE:FUNCTION", help="the preprocessing the bundle names (a bundle "
@@ -637,19 +655,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", metavar="B", help="results JSON or bundle: after")
     p.add_argument("--metric", help="metric to rank changes by (default: A's criterion metric)")
     p.add_argument("--top", type=ROWS, default=10, metavar="N", help="largest changes to list (default 10)")
-    p.add_argument("--json", metavar="OUT", help="write the workbench.diff/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--json", type=JSON_OUT, metavar="OUT",
+                   help="write the workbench.diff/1 JSON to OUT ('-' for stdout)")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("reduce", help="write the smallest reference/candidate model pair around a culprit, with its "
                        "inputs and expected outputs: a bug report that reproduces the divergence with onnxruntime")
     _add_pair_arguments(p, "the candidate side comes from this file (your own FP16/QDQ export)")
     p.add_argument("--node", metavar="NAME", help="reference node to reduce (default: the top harmful culprit)")
-    p.add_argument("--out", required=True, metavar="DIR", help="new (or empty) folder for the files")
+    p.add_argument("--out", required=True, type=FOLDER_OUT, metavar="DIR", help="new (or empty) folder for the files")
     p.add_argument("--max-nodes", type=_whole(1, 10_000), default=3, metavar="N", help="grow the subgraph up to N "
                    "reference nodes when the node alone does not reproduce (default 3)")
     p.add_argument("--keep-fp32", nargs="+", metavar="NODE", help="nodes the fp16/int8 variant keeps in float32")
     p.add_argument("--criterion", metavar="METRIC<VALUE", help="when a tensor diverges (default per precision)")
-    p.add_argument("--json", metavar="OUT", help="write the workbench.reduce/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--json", type=JSON_OUT, metavar="OUT",
+                   help="write the workbench.reduce/1 JSON to OUT ('-' for stdout)")
     p.set_defaults(func=cmd_reduce)
 
     p = sub.add_parser("repair", help="the smallest set of nodes to keep in reference precision (FP32 islands, Q/DQ "
@@ -659,7 +679,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "feed, e.g. sqnr_db<40 (default: the candidate precision's); with --metric: OP NUMBER, e.g. >=0.99")
     p.add_argument("--metric", metavar="module:function", help="task metric fn(reference_outputs, "
                    "candidate_outputs) -> number|bool per feed (module:function or path/file.py:function)")
-    p.add_argument("--out", required=True, metavar="FIXED.onnx", help="where to write the repaired model")
+    p.add_argument("--out", required=True, type=FILE_OUT, metavar="FIXED.onnx",
+                   help="where to write the repaired model")
     p.add_argument("--nodes", nargs="+", metavar="NODE", help="search among these nodes (reference names, best "
                    "first) instead of the comparison's culprits")
     p.add_argument("--max-builds", type=COUNT, default=40, metavar="N", help="cap on candidate builds by the "
@@ -676,8 +697,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "cluster) for the candidate evaluations")
     p.add_argument("--verify", default="ref", metavar="ENGINE", help="independent engine the repaired model is "
                    "verified on besides the candidate's (default: ref; none: skip)")
-    p.add_argument("--json", metavar="OUT", help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
-    p.add_argument("--bundle", metavar="DIR", help="save a comparison bundle of the reference vs the repaired model "
+    p.add_argument("--json", type=JSON_OUT, metavar="OUT",
+                   help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",
+                   help="save a comparison bundle of the reference vs the repaired model "
                    "(rerun it with `workbench rerun DIR`)")
     p.set_defaults(func=cmd_repair)
     return parser
@@ -728,7 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    debug = False
+    debug, args = False, None
     try:
         args = parser.parse_args(argv)
         debug = args.debug
@@ -741,8 +764,8 @@ def _main(argv: Sequence[str] | None) -> int:
             for handler in logging.getLogger().handlers:
                 handler.addFilter(lambda r: not (r.name == "root" and "onnxruntime" in r.pathname))
         if not args.command:
-            parser.print_help()
-            return EXIT_BAD_INPUT
+            raise UsageError("no command given: choose one of " + ", ".join(_commands(parser)))
+        check_given_outputs(parser, args)  # every output option, from the parser, before any work
         from ._stdout import reserved
 
         with reserved(getattr(args, "json", None) == "-"):  # stdout holds the JSON only
@@ -769,6 +792,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if debug or e.errno not in _USER_ERRNOS:
             return _internal(e, debug)
         where = f": {e.filename}" if e.filename else ""
+        if e.errno in SPACE_ERRNOS:  # name the output being written, not a temporary or an input
+            dest = space_error_destination(e, parser, args)
+            where = f" writing {dest}" if dest else where
         _say(f"error: {e.strerror or e}{where} -- {_USER_ERRNOS[e.errno]}")
         return EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback unless asked
@@ -779,6 +805,11 @@ def _main(argv: Sequence[str] | None) -> int:
             _say("terminated" if exit_code(interrupt) == 143 else "interrupted")
             return exit_code(interrupt)
         return _internal(e, debug)
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    return [name for a in parser._actions if isinstance(a, argparse._SubParsersAction)  # noqa: SLF001
+            for name in a.choices]
 
 
 def _interrupted(e: BaseException) -> KeyboardInterrupt | None:

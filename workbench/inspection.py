@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .core.arguments import checked
 from .model.inventory import Inventory, inventory
 from .model.load import LoadedModel, load_model
 from .model.validate import Problem
@@ -68,6 +69,7 @@ class Inspection:
         }
 
 
+@checked()
 def inspect_model(source: Any, *, targets: list[str] | None = None, probe: bool = True, **load_kwargs) -> Inspection:
     """Load ``source`` (see :func:`~workbench.model.load.load_model`) and inspect it.
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.arguments import checked
 from .collect import activation_tensors, collect
 from .errors import rank_sensitivity, tensor_errors
 from .exceptions import CalibrationError
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 SAMPLE_FEEDS = 4
 
 
+@checked()
 def calibrate(
     model: Any,
     data: Any,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..core.arguments import checked
 from ..core.feeds import cast_feeds  # noqa: F401 - re-exported (older callers import it from here)
 from ..core.progress import Progress
 from ..core.shapes import infer_shapes_lenient  # noqa: F401 - re-exported
@@ -19,6 +20,7 @@ from .plan import ComparisonPlan, make_engine  # noqa: F401 - make_engine re-exp
 from .result import CompareResult
 
 
+@checked()
 def compare(
     model: Any,
     reference: str | EngineSpec = "ort",

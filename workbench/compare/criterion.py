@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from ..core.metric_info import HIGHER_IS_BETTER, JUDGED
+from ..core.metric_info import HIGHER_IS_BETTER, JUDGED, METRIC_INFO
 from ..errors import WorkbenchError
 
 #: precision family -> (metric, threshold). FP32 engine pairs agree to 90+ dB; FP16 rounding gives 45-60 dB on
@@ -56,6 +56,16 @@ class Criterion:
                                  "write e.g. sqnr_db<30")
         if not math.isfinite(self.atol) or self.atol < 0:
             raise CriterionError(f"criterion atol {self.atol!r} must be a finite number >= 0", "write e.g. atol=1e-6")
+        lo, hi = METRIC_INFO[self.metric].bounds
+        op = "<" if self.metric in HIGHER_IS_BETTER else ">"
+        never = self.threshold <= lo if op == "<" else self.threshold >= hi
+        always = self.threshold > hi if op == "<" else self.threshold < lo
+        if never or always:
+            raise CriterionError(f"criterion {self.metric}{op}{self.threshold:g} "
+                                 f"{'can never fire' if never else 'fires on every tensor'}: {self.metric} lies in "
+                                 f"[{lo:g}, {hi:g}]",
+                                 f"pick a threshold inside that range, e.g. {self.metric}{op}"
+                                 f"{METRIC_INFO[self.metric].tolerance:g}")
 
     @classmethod
     def default_for(cls, family: str) -> Criterion:

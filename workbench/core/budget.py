@@ -30,7 +30,11 @@ def parse_size(text: str | int | None) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
         raise WorkbenchError(f"cannot read memory size {text!r}", "write e.g. 512M, 2G or 1.5GiB")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if not value < 2**63:  # inf from hundreds of digits, too
+        shown = str(text) if len(str(text)) <= 24 else f"{str(text)[:12]}...({len(str(text))} characters)"
+        raise WorkbenchError(f"memory size {shown!r} is too large (over 8 EiB)", "write e.g. 512M, 2G or 1.5GiB")
+    size = int(value)
     if size <= 0:
         raise WorkbenchError(f"memory size {text!r} must be positive", "write e.g. 512M or 2G")
     return size

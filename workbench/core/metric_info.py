@@ -21,6 +21,8 @@ class MetricInfo:
     log_scale: bool = False
     tolerance: float | None = None
     judged: bool = True  # can be a criterion's metric
+    #: the values the metric can take (a criterion's threshold outside them never or always fires)
+    bounds: tuple[float, float] = (0.0, float("inf"))
 
 
 METRIC_INFO: dict[str, MetricInfo] = {m.name: m for m in (
@@ -29,8 +31,9 @@ METRIC_INFO: dict[str, MetricInfo] = {m.name: m for m in (
     MetricInfo("max_rel", "max relative error", log_scale=True, tolerance=1e-2),
     MetricInfo("norm_max_abs", "max |error| / max |ref|", log_scale=True, tolerance=1e-2),
     MetricInfo("norm_mean_abs", "mean |error| / mean |ref|", log_scale=True, tolerance=0.1),
-    MetricInfo("cosine", "cosine similarity", higher_is_better=True, tolerance=0.999),
-    MetricInfo("sqnr_db", "SQNR", higher_is_better=True, unit="dB", tolerance=30.0),
+    MetricInfo("cosine", "cosine similarity", higher_is_better=True, tolerance=0.999, bounds=(-1.0, 1.0)),
+    MetricInfo("sqnr_db", "SQNR", higher_is_better=True, unit="dB", tolerance=30.0,
+               bounds=(float("-inf"), float("inf"))),
     MetricInfo("nonfinite_mismatch", "inf/NaN mismatches", judged=False),
 )}
 

@@ -19,6 +19,9 @@ from ..errors import WorkbenchError
 #: models larger than this are not parsed for their external-data file names (a protobuf cannot be larger)
 _MAX_MODEL_PARSE = 2 * 1024**3
 _KINDS = ("file", "new", "folder")
+#: longest path the system takes (bytes, with its terminating NUL); longest path shown in a message
+_PATH_MAX = 4096
+_SHOWN = 160
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,28 @@ class _Input:
 
 def _show(path: Any) -> str:
     text = os.fspath(path)
-    return text if text.isprintable() else repr(text)[1:-1]
+    text = text if text.isprintable() else repr(text)[1:-1]
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN // 2]}...{text[-_SHOWN // 3:]}"
+
+
+def _check_length(given: Path, shown: str) -> None:
+    """Refuse a path the file system cannot hold: a name over its NAME_MAX bytes, a path over PATH_MAX."""
+    absolute = os.fsencode(os.path.abspath(given))
+    if len(absolute) >= _PATH_MAX:
+        _fail(f"{shown} is {len(absolute)} bytes long, over the system's limit of {_PATH_MAX - 1}",
+              "use a shorter path")
+    folder = Path(os.path.abspath(given))
+    while not os.path.isdir(folder) and folder != folder.parent:
+        folder = folder.parent
+    try:
+        name_max = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for part in given.parts:
+        if len(os.fsencode(part)) > name_max:
+            what = "its name" if part == given.name else f"the folder name {_show(part)}"
+            _fail(f"{shown}: {what} is {len(os.fsencode(part))} bytes long, over the file system's limit of "
+                  f"{name_max}", "use a shorter name")
 
 
 def _resolved(path: Any) -> Path:
@@ -77,6 +101,7 @@ def _check_destination(out: Output) -> None:
     """Exists (as what), parent chain made of folders, nearest existing folder writable."""
     given = Path(os.fspath(out.path)).expanduser()
     shown = f"{out.option} {_show(out.path)}"
+    _check_length(given, shown)
     if out.kind == "new" and os.path.lexists(given):
         _fail(f"{shown} already exists", "pick a new destination (a bundle never replaces one)")
     try:

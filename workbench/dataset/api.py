@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..compare.plan import ComparisonPlan
+from ..core import arguments
 from ..core.progress import Progress, Steps
 from ..core.scratch import temporary_dir
 from ..errors import InputError
@@ -35,6 +36,7 @@ CHUNK = 4  # samples per task sent to a worker
 WORST_LAYERS = 5  # per worst sample: its worst layers
 
 
+@arguments.checked()
 def compare_dataset(
     model: Any,
     reference: str = "ort",

@@ -7,6 +7,7 @@ from typing import Any
 
 import onnx
 
+from ..core.arguments import checked
 from ..engines.spec import EngineSpec
 from ..errors import SpecError, WorkbenchError
 from .onnx_side import OnnxGraph
@@ -20,6 +21,7 @@ BUILDERS = {"ort": ("ort", "cpu"), "ort-cuda": ("ort", "cuda"), "ort-trt": ("ort
 MAX_RUNS = 100_000
 
 
+@checked()
 def engine_graph(model: Any, engine: str | EngineSpec = "ort", *, feeds: Any = None,
                  input_shapes: dict[str, list[int]] | None = None, runs: int = 10, warmup: int = 1, seed: int = 0,
                  optimization: str | None = None, threads: int | None = None, options: dict | None = None,

@@ -30,6 +30,9 @@ class EngineSpec:
         if isinstance(text, EngineSpec):
             return text
         raw = str(text).strip()
+        if raw.endswith(":") or raw.startswith(":") or not raw:  # 'ort:' would silently mean fp32
+            raise SpecError(f"spec {text!r} has an empty engine or variant",
+                            "write ENGINE or ENGINE:VARIANT, e.g. ort (fp32) or ort:fp16")
         if is_dotted_path(raw):
             module, _, rest = raw.partition(":")
             attr, _, variant = rest.partition(":")

@@ -186,19 +186,23 @@ def gather_bounds(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def _gather_sizes(name: str, consumers: dict, tables: dict, seen: set[str]) -> list[int]:
-    if name in seen:
-        return []
-    seen.add(name)
+    """Sizes of the tables ``name`` indexes (Gather indices), through pass-through ops; iterative, so a chain of
+    thousands of nodes does not exhaust Python's recursion limit."""
     sizes = []
-    for node, idx in consumers.get(name, []):
-        if node.op_type == "Gather" and idx == 1 and node.input[0] in tables:
-            dims = tables[node.input[0]]
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
-                sizes.append(int(dims[axis]))
-        elif node.op_type in _PASS_THROUGH and idx == 0:
-            for out in node.output:
-                sizes += _gather_sizes(out, consumers, tables, seen)
+    stack = [name]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for node, idx in consumers.get(current, []):
+            if node.op_type == "Gather" and idx == 1 and node.input[0] in tables:
+                dims = tables[node.input[0]]
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                    sizes.append(int(dims[axis]))
+            elif node.op_type in _PASS_THROUGH and idx == 0:
+                stack.extend(reversed(node.output))
     return sizes
 
 

@@ -18,6 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .._files import read_capped
+from ..core.arguments import checked
 from ..errors import (
     ExternalDataError,
     ModelFormatError,
@@ -25,6 +26,7 @@ from ..errors import (
     NotAModelFileError,
     OpsetTooNewError,
 )
+from .element_types import check_element_types
 from .external_data import external_refs, load_external
 from .fingerprint import fingerprint
 from .sniff import sniff
@@ -86,6 +88,7 @@ class LoadedModel:
         return GraphInfo.build(self.checked[0])
 
 
+@checked()
 def load_model(
     source: Any,
     *,
@@ -234,6 +237,7 @@ def _finish(
     base_dir: str | os.PathLike | None, allow_newer_opset: bool,
 ) -> LoadedModel:
     _check_versions(proto, allow_newer_opset)
+    check_element_types(proto)
     files: list[Path] = []
     if external_refs(proto):
         if base_dir is None:

@@ -18,6 +18,7 @@ from onnx import helper
 from .._atomic import atomic_write_bytes, atomic_write_text, clean_stale, staged, temp_prefix, umask
 from ..compare.criterion import Criterion
 from ..compare.isolate import build_isolation
+from ..core.arguments import checked
 from ..core.metrics import ErrorStats
 from ..errors import WorkbenchError
 from ..textfmt import safe_name
@@ -108,6 +109,7 @@ class ReduceResult:
 
 
 # --- entry point ---------------------------------------------------------------------------------------------
+@checked()
 def reduce(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, cand_model: Any = None,
            feeds: Any = None, node: str | None = None, out: str | os.PathLike, max_nodes: int = 3,
            command: str | None = None, **compare_options: Any) -> ReduceResult:

@@ -25,6 +25,7 @@ from typing import Any
 import onnx
 
 from ..compare.plan import ComparisonPlan
+from ..core.arguments import checked
 from ..core.progress import Progress, Steps
 from ..core.scratch import temporary_dir
 from ..errors import EngineRunError, EngineUnavailableError, InputError
@@ -43,6 +44,7 @@ COMPARE_DEFAULTS = {"max_culprits": 64, "impact": 8}
 BATCH = ("auto", "switch", "build")
 
 
+@checked()
 def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, cand_model: Any = None,
            feeds: Any = None, target: str | None = None, metric: Any = None, out: str | os.PathLike | None = None,
            nodes: Sequence[str] | None = None, max_builds: int = 40, max_pool: int = 64, batch: str = "auto",

@@ -30,6 +30,7 @@ _LAZY = {
     "RecordedEngine": "workbench.report.recorded",
     "BundleError": "workbench.report.safety",
     "UnsafeBundleError": "workbench.report.safety",
+    "UnsealedBundleError": "workbench.report.bundle",
     "ModelMismatchError": "workbench.report.safety",
 }
 

@@ -37,9 +37,10 @@ import numpy as np
 
 from .._atomic import clean_stale, place_new, staged, temp_prefix, umask
 from ..compare.result import CompareResult
-from ..core import scratch
+from ..core import arguments, scratch
 from ..errors import WorkbenchError
 from .safety import (
+    SEAL,
     BundleError,
     ModelMismatchError,
     UnsafeBundleError,
@@ -266,6 +267,7 @@ def _compare_options(result: CompareResult, opts: dict) -> tuple[dict, list[str]
     return doc, notes
 
 
+@arguments.checked(result=CompareResult)
 def save_bundle(
     result: CompareResult,
     model: Any = None,
@@ -372,6 +374,8 @@ class Bundle:
     manifest: dict
     source: Path
     _tmp: Path | None = field(default=None, repr=False)
+    #: False for a bundle without a seal that the caller chose to trust (``trust_unsealed=True``)
+    sealed: bool = True
 
     @property
     def result(self) -> CompareResult:
@@ -539,8 +543,14 @@ class Bundle:
         self.close()
 
 
-def _check_manifest(manifest: dict, name: str) -> dict:
-    """The sections a bundle of its kind needs, and its seal (a bundle written before seals has none)."""
+class UnsealedBundleError(BundleError):
+    """A bundle whose manifest carries no seal, opened without ``trust_unsealed=True``."""
+
+
+def _check_manifest(manifest: dict, name: str, trust_unsealed: bool = False) -> dict:
+    """The sections a bundle of its kind needs, and its seal: a manifest without one is refused unless the caller
+    trusts it (``trust_unsealed``), since without it an edited manifest (criterion, options, file hashes) would
+    pass unnoticed."""
     kind = manifest.get("kind", "compare")
     sections = {"calibrate": ("model", "calibrate", "feeds"), "dataset": ("model", "dataset_compare", "dataset")}
     for key in sections.get(kind, ("model", "compare", "feeds")):
@@ -549,14 +559,21 @@ def _check_manifest(manifest: dict, name: str) -> dict:
     if not isinstance(manifest.get("files", {}), dict):
         raise BundleError(f"{name}: manifest 'files' is malformed")
     if not check_seal(manifest, f"{name}: manifest.json"):
-        log.info("%s: manifest.json carries no seal (written before seals); its engine options are filtered",
-                 name)
+        if not trust_unsealed:
+            raise UnsealedBundleError(
+                f"{name}: manifest.json carries no seal ({SEAL}), so an edit of it or of the files it lists "
+                "cannot be detected", "re-create the bundle; if you trust this one: workbench rerun BUNDLE "
+                "--trust-unsealed (Python: rerun_bundle(..., trust_unsealed=True))")
+        log.warning("%s: manifest.json carries no seal; trusted as asked (trust_unsealed)", name)
     return manifest
 
 
-def load_bundle(path: str | os.PathLike) -> Bundle:
+@arguments.checked(path=arguments.path())
+def load_bundle(path: str | os.PathLike, *, trust_unsealed: bool = False) -> Bundle:
     """Open a bundle folder or .zip. A zip's entries are checked and its manifest read before anything is
-    extracted (to a temporary folder), and only the files that manifest lists are extracted."""
+    extracted (to a temporary folder), and only the files that manifest lists are extracted. The manifest must
+    carry its seal (``manifest_sha256``) unless ``trust_unsealed``; every file it lists must still have its
+    sha256 (models: their fingerprint, checked when loaded)."""
     from .zipread import open_zip
 
     src = Path(path).expanduser()
@@ -568,16 +585,17 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
         manifest_path = root / MANIFEST
         if manifest_path.is_symlink():
             raise UnsafeBundleError(f"{src.name}: manifest.json is a symlink; refusing it")
-        manifest = _check_manifest(read_json(manifest_path, f"{src.name}: manifest.json", schema=SCHEMA), src.name)
+        manifest = _check_manifest(read_json(manifest_path, f"{src.name}: manifest.json", schema=SCHEMA), src.name,
+                                   trust_unsealed)
     else:
         regular_file(src, f"bundle {src.name}")  # a FIFO or a device would block or never end
         if not zipfile.is_zipfile(src):
             raise BundleError(f"{src} is neither a bundle folder nor a .zip")
         tmp, manifest = open_zip(src, MANIFEST, lambda data: _check_manifest(
-            parse_json(data, f"{src.name}: manifest.json", schema=SCHEMA), src.name))
+            parse_json(data, f"{src.name}: manifest.json", schema=SCHEMA), src.name, trust_unsealed))
         root = tmp
     try:
-        bundle = Bundle(root=root, manifest=manifest, source=src, _tmp=tmp)
+        bundle = Bundle(root=root, manifest=manifest, source=src, _tmp=tmp, sealed=SEAL in manifest)
         bundle.verify_files()
         bundle.check_arrays()
         return bundle

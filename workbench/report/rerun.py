@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compare.result import CompareResult
+from ..core import arguments
 from ..textfmt import safe_name
 from .bundle import Bundle, load_bundle
 from .diff import ResultDiff, diff_results
@@ -112,23 +113,25 @@ class RerunReport:
         return "\n".join(lines)
 
 
+@arguments.checked(bundle=arguments.path(also=(Bundle,)))
 def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike | None = None,
                  cand_model: str | os.PathLike | None = None, isolate: bool | None = None,
                  timeout_s: float | None = None, progress: Any = None, allow_engines: Any = (),
-                 **dataset_args: Any) -> RerunReport:
+                 trust_unsealed: bool = False, **dataset_args: Any) -> RerunReport:
     """Re-execute the comparison a bundle recorded and compare with its saved results (a calibration or dataset
     bundle gives its own rerun report).
 
     The model (and candidate model) must hash to the recorded sha256, else :class:`ModelMismatchError`.
     ``model``: the file to use for a bundle that keeps only a reference to its model. An engine the bundle names
     by class path (``package.module:Class``) is imported only when listed in ``allow_engines`` (a bundle never
-    imports code by itself). ``dataset_args`` (dataset
-    bundles): ``inputs``, ``preprocess``, ``metrics``, ``workers``, ``executor``."""
+    imports code by itself). A bundle whose manifest carries no seal is refused (:class:`UnsealedBundleError`)
+    unless ``trust_unsealed``. ``dataset_args`` (dataset bundles): ``inputs``, ``preprocess``, ``metrics``,
+    ``workers``, ``executor``."""
     from ..compare.api import compare
     from ..compare.criterion import Criterion
     from ..compare.options import CompareOptions
 
-    b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+    b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, trust_unsealed=trust_unsealed)
     kind = b.manifest.get("kind", "compare")
     try:
         if kind != "compare":  # another producer's bundle (calibration, dataset): its own rerunner, by name
