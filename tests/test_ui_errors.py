@@ -223,12 +223,14 @@ def test_run_history_keeps_each_finished_run_and_diffs_two(clamp_result):
     panel.run()
     assert panel.wait(120)
     assert len(wb.state.history) == 2 and not panel.diff_button.disabled
-    assert [label for label, _ in panel.history_a.options][1].startswith("#2 ort vs ort")
+    labels = [label for label, _ in panel.history_a.options]
+    assert labels[0].startswith("#1: ort:fp16 vs ort, the model's shapes, 1 random feed(s), ")
+    assert labels[1].startswith("#2: ort vs ort, the model's shapes, 1 random feed(s), ") and labels[0] != labels[1]
     assert (panel.history_a.value, panel.history_b.value) == (0, 1)
     panel.diff_button.click()
     out = panel.diff_out.value
     assert "verdict: DIVERGED -&gt; ok (changed)" in out and "first divergent:" in out
-    assert "a different conclusion" in out
+    assert "a different conclusion" in out and "the candidate changed: ort:fp16 -&gt; ort" in out
     assert "<pre" in out
     panel.history_a.value, panel.history_b.value = 1, 0
     diff = panel.diff_runs()

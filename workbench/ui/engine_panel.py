@@ -54,6 +54,7 @@ class EnginePanel(widgets.VBox):
         self.chart = widgets.Output()
         self.state.observe(lambda _: self._redraw(), "result")
         self.state.observe(self._on_state_graph, "engine_graph")
+        self.state.observe(lambda _: self._redraw(), "result")  # the error column follows the current comparison
         self.state.observe(lambda change: setattr(self.shapes, "value", change["new"]), "input_shapes")
         super().__init__([
             style_tag(), self.message,
@@ -75,16 +76,24 @@ class EnginePanel(widgets.VBox):
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self.message.value = error_html(e, "reading the options")
             return None
+        if self.jobs.running:
+            return self.jobs.start("engine graph", lambda _p, _c: None)  # says: wait for it, or cancel it
         spec, runs = self.engine.value.strip(), int(self.runs.value)
-        self.message.value = message_html(f"looking inside {spec}...", "info")
+        run = self.state.begin_run("engine", spec)  # the previous engine graph goes everywhere
+        self.message.value = message_html(f"{run.tag}: looking inside {spec}...", "info")
 
         def work(_progress, _cancel):
             return engine_graph(model, spec, input_shapes=shapes, runs=runs)
 
-        def failed(e):
-            self.message.value = error_html(e, f"inspecting {spec}")
+        def done(graph):
+            self.state.end_run(run, "done", graph)
+            self.show(graph)
 
-        return self.jobs.start("engine graph", work, self.show, failed)
+        def failed(e):
+            self.state.end_run(run, "cancelled" if self.jobs.cancelled else "failed", error=str(e))
+            self.message.value = error_html(e, f"{run.tag}, inspecting {spec}")
+
+        return self.jobs.start("engine graph", work, done, failed)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.jobs.wait(timeout)
@@ -104,11 +113,18 @@ class EnginePanel(widgets.VBox):
         if graph is not None:
             self.show(graph)
             return
-        self.graph = None  # a new model: the graph shown was of the previous one
+        self.graph = None  # a new model, or a new inspection started: the graph shown was of another run
         for w in (self.warning, self.summary, self.table):
             w.value = ""
         clear(self.chart)
-        self.message.value = message_html("the model changed: press Inspect to look inside an engine", "info")
+        run = self.state.current_run("engine")
+        if run is None or run.status == "done":
+            said = "the model changed: press Inspect to look inside an engine"
+        elif run.status == "running":
+            said = f"{run.tag}: looking inside {run.label}..."
+        else:
+            said = f"{run.tag} ({run.label}) {run.status}: no current engine graph (the previous one was cleared)"
+        self.message.value = message_html(said, "info")
 
     def _redraw(self) -> None:
         graph = self.graph
@@ -125,7 +141,11 @@ class EnginePanel(widgets.VBox):
             f"{len(fell)} node(s) fell back from {graph.details.get('requested_provider')} to another provider: "
             + ", ".join(f"{r['name']} ({r['provider']})" for r in fell[:5]), "warn") if fell else ""
         d = graph.details
+        run, compared = self.state.run_of(graph), self.state.run_of(result)
         self.summary.value = kv_html([
+            ("run", run.tag if run is not None else "-"),
+            ("error column", f"from comparison {compared.tag}" if compared is not None else
+             "from the current comparison" if result is not None else "no current comparison"),
             ("engine", graph.engine), ("executed nodes", f"{len(graph.nodes)} ({len(graph.fused_nodes)} fused)"),
             ("ONNX nodes", f"{d.get('onnx_compute_nodes')} ({len(graph.folded)} folded, {len(graph.unmapped)} "
                            "unmapped)"),
