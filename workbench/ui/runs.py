@@ -97,7 +97,9 @@ def inputs_text(result: Any) -> str:
 
 
 def comparison_text(result: Any) -> str:
-    """``CANDIDATE vs REFERENCE, INPUTS``."""
+    """``CANDIDATE vs REFERENCE, INPUTS`` ("" for something that is no comparison result)."""
+    if not hasattr(result, "candidate") or not hasattr(result, "reference"):
+        return ""
     return f"{candidate_text(result)} vs {result.reference}, {inputs_text(result)}"
 
 
