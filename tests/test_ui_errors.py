@@ -180,10 +180,11 @@ def test_send_arrays_puts_reference_and_candidate_into_the_notebook_namespace(cl
 
 
 # --- exports and history ----------------------------------------------------------------------------------------
-def _download(note: str) -> bytes:
-    m = re.search(r'href="data:application/octet-stream;base64,([^"]+)"', note)
-    assert m, note[:400]
-    return base64.b64decode(m.group(1))
+def _download(note: str, k: int = 0) -> bytes:
+    """The bytes of the ``k``-th download link in ``note`` (-1: the last)."""
+    links = re.findall(r'href="data:application/octet-stream;base64,([^"]+)"', note)
+    assert links, note[:400]
+    return base64.b64decode(links[k])
 
 
 def test_html_report_and_bundle_are_written_to_a_temp_folder_with_download_links(tmp_path, monkeypatch):
@@ -202,8 +203,11 @@ def test_html_report_and_bundle_are_written_to_a_temp_folder_with_download_links
     assert "Download the HTML report" in panel.export_note.value
     panel.bundle_button.click()
     assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
-    with zipfile.ZipFile(io.BytesIO(_download(panel.export_note.value))) as z:
+    with zipfile.ZipFile(io.BytesIO(_download(panel.export_note.value, -1))) as z:
         assert any(n.endswith("manifest.json") for n in z.namelist()), z.namelist()
+    # both links stay offered (the bundle's did not replace the report's)
+    assert "Download the HTML report" in panel.export_note.value and "Download the bundle" in panel.export_note.value
+    assert b"<html" in _download(panel.export_note.value, 0)[:2000].lower()
     assert list(cwd.iterdir()) == [], "nothing written into the working directory"
     target = tmp_path / "exports"
     panel.export_dir.value = str(target)

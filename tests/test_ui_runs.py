@@ -307,3 +307,15 @@ def test_precision_colouring_says_whose_precision_it_shows():
     note = html.unescape(graph.overlay_note.value)
     assert "what the candidate of comparison run #1 (ort:fp16) computes each node in" in note
     assert "not the loaded model's own types" in note
+
+
+def test_input_placeholders_name_the_models_own_inputs(dyn):
+    """Defect 19: the input placeholders named inputs (x, ids) the model does not have."""
+    wb = Workbench(dyn)
+    boxes = (wb.compare_panel.inputs.shapes, wb.calibration_panel.shapes, wb.engine_panel.shapes)
+    for field in boxes:
+        assert field.placeholder.startswith("image:[1,4,?,?]") and "x:" not in field.placeholder
+    assert wb.compare_panel.inputs.ranges.placeholder.startswith("image:[0,1]")
+    fixed = Workbench(CLAMP)
+    assert "fixed: nothing to fill" in fixed.compare_panel.inputs.shapes.placeholder
+    assert "x:" not in fixed.engine_panel.shapes.placeholder

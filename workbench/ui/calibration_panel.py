@@ -20,7 +20,7 @@ from ..calibrate.ort_rules import ENTROPY_BINS, QUANTIZED_BINS
 from ..plots.calibration import calibration_histogram, sensitivity_bars
 from .downloads import download_html
 from .figures import clear, show_figure
-from .inputs_box import parse_shapes, shapes_note_html, shapes_template
+from .inputs_box import parse_shapes, shapes_note_html, shapes_placeholder, shapes_template
 from .jobs import JobControls
 from .messages import error_html, error_text, fallback_repr, message_html
 from .runs import no_result_text
@@ -57,7 +57,7 @@ class CalibrationPanel(widgets.VBox):
                                       layout=widgets.Layout(width="520px"))
         self.eval_count = widgets.BoundedIntText(value=8, min=0, max=100_000, description="random N",
                                                  layout=widgets.Layout(width="180px"))
-        self.shapes = widgets.Text(placeholder="x:[1,3,224,224] (random feeds only)", description="shapes",
+        self.shapes = widgets.Text(placeholder=shapes_placeholder(None), description="shapes",
                                    tooltip="input shapes of the random feeds (shared with Compare)",
                                    layout=widgets.Layout(width="520px"))
         self.shapes_note = widgets.HTML()
@@ -131,8 +131,8 @@ class CalibrationPanel(widgets.VBox):
         written) and its input shapes described under the shapes field."""
         model = self.state.model
         self.shapes_note.value = shapes_note_html(model)
-        self.shapes.placeholder = "the model's input shapes are fixed: nothing to fill" \
-            if model is not None and not shapes_template(model) else "x:[1,3,224,224] (random feeds only)"
+        self.shapes.placeholder = shapes_placeholder(model) + (" (random feeds only)" if shapes_template(model)
+                                                                else "")
         if model is None:
             return
         stem = model.name.rsplit(".", 1)[0] or "model"

@@ -90,6 +90,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
         self.report_button.on_click(lambda _: self.export_report())
         self.bundle_button.on_click(lambda _: self.export_bundle())
         self.export_note = widgets.HTML()
+        self._offers: list[tuple[str, str]] = []
         # run history: every finished comparison; pick two to see what changed
         self.history_a = widgets.Dropdown(options=[], description="run A", layout=widgets.Layout(width="560px"))
         self.history_b = widgets.Dropdown(options=[], description="run B", layout=widgets.Layout(width="560px"))
@@ -387,6 +388,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
         the per-tensor table."""
         self.save_note.value = ""
         self.export_note.value = ""
+        self._offers = []  # (what, its note and link) of the current result's exports
         self._mark_stale()
         self.show_fallbacks()
         if result is None:
@@ -488,7 +490,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self.export_note.value = error_html(e, what)
             return None
-        self.export_note.value = message_html(f"writing {what}...", "info")
+        self.export_note.value = "".join(o[1] for o in self._offers) + message_html(f"writing {what}...", "info")
 
         def work(progress, _cancel):
             progress(0.2, f"writing {what}")
@@ -497,15 +499,19 @@ class ComparePanel(PairedPanel, widgets.VBox):
         return self.jobs.start(job, work, lambda path: self._offer(path, what), lambda e: self._export_failed(e, what))
 
     def _offer(self, path, what: str) -> None:
+        """Offer ``path`` for download next to the other exports of the current result (each kept: the report's
+        link stays when the bundle is written)."""
         try:
             link = download_html(path, f"Download {what}", show_path=False)
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self._export_failed(e, what)
             return
-        self.export_note.value = message_html(f"wrote {what}: {path}", "ok") + link
+        self._offers = [o for o in self._offers if o[0] != what] + [(what, message_html(f"wrote {what}: {path}",
+                                                                                         "ok") + link)]
+        self.export_note.value = "".join(o[1] for o in self._offers)
 
     def _export_failed(self, e: BaseException, what: str) -> None:
-        self.export_note.value = error_html(e, f"writing {what}")
+        self.export_note.value = "".join(o[1] for o in self._offers) + error_html(e, f"writing {what}")
 
     # --- run history -----------------------------------------------------------------------------------------
     def show_history(self) -> None:

@@ -15,6 +15,7 @@ from ..engine_graphs.layers import layer_rows
 from ..engine_graphs.text import overhead_summary
 from ..plots.engine_graph import slowest_layers
 from .figures import clear, show_figure
+from .inputs_box import shapes_placeholder
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
@@ -42,7 +43,8 @@ class EnginePanel(widgets.VBox):
                                        layout=widgets.Layout(width="260px"))
         self.runs = widgets.BoundedIntText(value=10, min=0, max=10_000, description="runs",
                                            layout=widgets.Layout(width="160px"))
-        self.shapes = widgets.Text(value=self.state.input_shapes, description="shapes", placeholder="x:[1,3,224,224]",
+        self.shapes = widgets.Text(value=self.state.input_shapes, description="shapes",
+                                   placeholder=shapes_placeholder(self.state.model),
                                    layout=widgets.Layout(width="320px"))
         self.inspect_button = widgets.Button(description="Inspect", icon="search")
         self.inspect_button.on_click(lambda _: self.inspect())
@@ -52,10 +54,11 @@ class EnginePanel(widgets.VBox):
         self.summary = widgets.HTML()
         self.table = widgets.HTML()
         self.chart = widgets.Output()
-        self.state.observe(lambda _: self._redraw(), "result")
-        self.state.observe(self._on_state_graph, "engine_graph")
         self.state.observe(lambda _: self._redraw(), "result")  # the error column follows the current comparison
+        self.state.observe(self._on_state_graph, "engine_graph")
         self.state.observe(lambda change: setattr(self.shapes, "value", change["new"]), "input_shapes")
+        self.state.observe(lambda change: setattr(self.shapes, "placeholder", shapes_placeholder(change["new"])),
+                           "model")
         super().__init__([
             style_tag(), self.message,
             widgets.HBox([self.engine, self.runs, self.shapes, self.inspect_button]), self.jobs,
