@@ -49,6 +49,8 @@ artifacts, lab_page = B.module_fixtures("browser-stale")
 
 def test_every_tab_shows_the_current_run_after_cancel_and_rerun(lab_page, artifacts):
     lab, page, errors = lab_page
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
     name = lab.write_notebook("stale.ipynb", CELLS)
     H.open_notebook(page, lab, name)
     H.run_cell(page, 0, wait=True)
@@ -145,3 +147,5 @@ def test_every_tab_shows_the_current_run_after_cancel_and_rerun(lab_page, artifa
     assert "#4: ort:fp16 vs ort, shapes image:[1,4,24,24]" in history
     H.screenshot(page, artifacts, "03-run3")
     assert not errors, errors
+    # defect 18: no widget fails to take its new state on a rerun
+    assert not [m for m in console if "Error setting state" in m], console

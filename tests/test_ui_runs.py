@@ -132,7 +132,7 @@ def test_after_cancel_no_view_shows_the_previous_run(monkeypatch):
     state, compare, errors, graph = wb.state, wb.compare_panel, wb.errors_panel, wb.graph_panel
     _compare(wb)
     errors.select(CULPRIT)
-    assert errors.wait(120) and errors.values_plot.outputs and errors.curve_box.children
+    assert errors.wait(120) and errors.values_plot.outputs and errors.curve_shown
     assert "run #1" in errors.message.value and errors.overview.outputs
     graph.select(CULPRIT)
     assert "from comparison run #1" in graph.info.value
@@ -150,7 +150,7 @@ def test_after_cancel_no_view_shows_the_previous_run(monkeypatch):
     assert state.result is None and state.current_run("comparison").status == "cancelled"
     cancelled = f"run #{state.current_run('comparison').id} (comparison) cancelled"
     assert cancelled in errors.message.value
-    assert errors.curve_box.children == () and errors.detail_title.value == ""
+    assert not errors.curve_shown and errors.curve.data == () and errors.detail_title.value == ""
     for out in (errors.values_plot, errors.scatter_plot, errors.channel_plot, errors.overview, errors.culprit_chart,
                 errors.views_plot):
         assert not out.outputs
@@ -166,7 +166,7 @@ def test_after_cancel_no_view_shows_the_previous_run(monkeypatch):
 
     _compare(wb)  # a new run: every view shows it, labelled
     run = state.current_run("comparison")
-    assert f"run #{run.id}:" in errors.message.value and errors.curve_box.children
+    assert f"run #{run.id}:" in errors.message.value and errors.curve_shown
     assert f"from comparison run #{run.id}" in engine.summary.value
 
 

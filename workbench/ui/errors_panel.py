@@ -156,6 +156,11 @@ class ErrorsPanel(widgets.VBox):
         show_figure(self.culprit_chart, culprit_bars(result))
         self._show_detail(self.state.selected)
 
+    @property
+    def curve_shown(self) -> bool:
+        """Whether the error curve is shown (there is a current comparison)."""
+        return bool(self.curve_box.children) and self.curve_box.layout.display != "none"
+
     def _on_runs(self, _change: Any = None) -> None:
         if self.state.result is None:
             self.message.value = message_html(no_result_text(self.state), "info")
@@ -163,7 +168,11 @@ class ErrorsPanel(widgets.VBox):
     def _clear_views(self) -> None:
         """No current comparison: the curve, the overview charts, the selected layer's detail and its values go
         (none of them may show an older run's numbers as current)."""
-        self.curve_box.children = ()
+        # hidden, its traces dropped, but kept in the page: a figure view removed and drawn again on the next run
+        # made plotly.js fail to set its state ("Error setting state" in the browser console on every rerun)
+        self.curve_box.layout.display = "none"
+        if self.curve is not None:
+            self.curve.data = ()
         for out in (self.overview, self.culprit_chart, self.values_plot, self.scatter_plot, self.channel_plot):
             clear(out)
         self.detail_title.value = ""
@@ -182,14 +191,15 @@ class ErrorsPanel(widgets.VBox):
         ring = {"size": 20, "color": "rgba(0,0,0,0)", "line": {"width": 3, "color": "#1a73e8"}}
         fig.add_trace(go.Scatter(x=[], y=[], mode="markers", name=SELECTED_TRACE, hoverinfo="skip", marker=ring))
         fig.update_layout(height=420, clickmode="event")
+        self.curve_box.layout.display = ""  # shown before it is updated: plotly.js draws into a visible plot
         if self.curve is None:
             self.curve = go.FigureWidget(fig)
+            self.curve_box.children = (self.curve,)
         else:
             with self.curve.batch_update():
                 self.curve.data = ()
                 self.curve.add_traces(list(fig.data))
                 self.curve.layout = fig.layout
-        self.curve_box.children = (self.curve,)  # a cleared result (a new run started) emptied the box
         for trace in self.curve.data:
             if trace.customdata is not None:
                 trace.on_click(self._on_click)
