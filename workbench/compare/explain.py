@@ -91,7 +91,7 @@ def gain_text(gain) -> str:
     if math.isinf(gain):
         return ("fixing it makes the outputs match the reference exactly (the outputs' whole error comes from it)"
                 if gain > 0 else "fixing it alone makes the outputs worse")
-    return f"fixing it gains {gain:.1f} dB on the outputs"
+    return f"fixing it gains {gain:.3g} dB on the outputs"
 
 
 def _num(x) -> str:
