@@ -317,7 +317,7 @@ def test_compare_runs_your_own_candidate_typed_or_uploaded(lab_page, artifacts):
         f"the verdict's headline does not name the file (it read as the model against itself): {headline}"
     history = wb.locator(".widget-dropdown", has_text="run B").locator("select")
     page.wait_for_function("s => s.selectedIndex >= 0 && s.options[s.selectedIndex].text.replace(/\\s/g, ' ')"
-                           ".startsWith('#2 typed_fp16.onnx on ort vs ort')", arg=history.element_handle(),
+                           ".startsWith('#2: typed_fp16.onnx on ort vs ort')", arg=history.element_handle(),
                            timeout=60_000)  # the run history names the file too
 
     # (b) uploaded: the upload control, then Run

@@ -180,10 +180,11 @@ def test_send_arrays_puts_reference_and_candidate_into_the_notebook_namespace(cl
 
 
 # --- exports and history ----------------------------------------------------------------------------------------
-def _download(note: str) -> bytes:
-    m = re.search(r'href="data:application/octet-stream;base64,([^"]+)"', note)
-    assert m, note[:400]
-    return base64.b64decode(m.group(1))
+def _download(note: str, k: int = 0) -> bytes:
+    """The bytes of the ``k``-th download link in ``note`` (-1: the last)."""
+    links = re.findall(r'href="data:application/octet-stream;base64,([^"]+)"', note)
+    assert links, note[:400]
+    return base64.b64decode(links[k])
 
 
 def test_html_report_and_bundle_are_written_to_a_temp_folder_with_download_links(tmp_path, monkeypatch):
@@ -202,8 +203,11 @@ def test_html_report_and_bundle_are_written_to_a_temp_folder_with_download_links
     assert "Download the HTML report" in panel.export_note.value
     panel.bundle_button.click()
     assert panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
-    with zipfile.ZipFile(io.BytesIO(_download(panel.export_note.value))) as z:
+    with zipfile.ZipFile(io.BytesIO(_download(panel.export_note.value, -1))) as z:
         assert any(n.endswith("manifest.json") for n in z.namelist()), z.namelist()
+    # both links stay offered (the bundle's did not replace the report's)
+    assert "Download the HTML report" in panel.export_note.value and "Download the bundle" in panel.export_note.value
+    assert b"<html" in _download(panel.export_note.value, 0)[:2000].lower()
     assert list(cwd.iterdir()) == [], "nothing written into the working directory"
     target = tmp_path / "exports"
     panel.export_dir.value = str(target)
@@ -223,12 +227,14 @@ def test_run_history_keeps_each_finished_run_and_diffs_two(clamp_result):
     panel.run()
     assert panel.wait(120)
     assert len(wb.state.history) == 2 and not panel.diff_button.disabled
-    assert [label for label, _ in panel.history_a.options][1].startswith("#2 ort vs ort")
+    labels = [label for label, _ in panel.history_a.options]
+    assert labels[0].startswith("#1: ort:fp16 vs ort, the model's shapes, 1 random feed(s), ")
+    assert labels[1].startswith("#2: ort vs ort, the model's shapes, 1 random feed(s), ") and labels[0] != labels[1]
     assert (panel.history_a.value, panel.history_b.value) == (0, 1)
     panel.diff_button.click()
     out = panel.diff_out.value
     assert "verdict: DIVERGED -&gt; ok (changed)" in out and "first divergent:" in out
-    assert "a different conclusion" in out
+    assert "a different conclusion" in out and "the candidate changed: ort:fp16 -&gt; ort" in out
     assert "<pre" in out
     panel.history_a.value, panel.history_b.value = 1, 0
     diff = panel.diff_runs()

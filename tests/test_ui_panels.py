@@ -251,7 +251,7 @@ def test_errors_panel_curve_survives_a_second_comparison():
         wb.compare_panel.run()
         assert wb.compare_panel.wait(120)
         panel = wb.errors_panel
-        assert panel.curve is not None and panel.curve_box.children == (panel.curve,)
+        assert panel.curve is not None and panel.curve_box.children == (panel.curve,) and panel.curve_shown
 
 
 def test_errors_panel_on_a_result_read_back_from_json(tmp_path):

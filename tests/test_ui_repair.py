@@ -138,7 +138,8 @@ def test_cancel_clears_the_result_and_marks_it_stale():
     assert panel.wait(60)
     assert panel.jobs.cancelled and panel.jobs.error is None
     assert panel.stale and panel.result is None and panel.kept == [] and graph.canvas.highlight == []
-    assert "repair cancelled" in panel.summary.value and "cleared" in panel.summary.value
+    assert "(repair) cancelled" in panel.summary.value and "cleared" in panel.summary.value
+    assert panel.state.current_run("repair").status == "cancelled"
     assert panel.kept_rows.children == () and panel.outputs_table.value == "" and panel.download.value == ""
     assert not panel.run_button.disabled
     panel.cand_engine.value, panel.inputs.count.value = "ort", 1  # usable again

@@ -7,6 +7,8 @@ import math
 from ..core.metrics import ErrorStats
 from .floor import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 
+#: how a flush-to-zero clause blames the format; :func:`reconcile` replaces it when the node matters after all
+FLOOR_BLAME = ": the format's limit, not the node"
 #: a reduction this long, summed in FP16, loses accuracy visibly (FP16 has an 11-bit significand)
 LONG_REDUCTION = 1024
 _REDUCTIONS = {"MatMul": "products", "Gemm": "products", "Conv": "products", "Softmax": "exponentials",
@@ -44,7 +46,7 @@ def explain(
     if fmt in ("fp16", "bf16") and (floor.get("share_flushed") or 0) > 0.01:
         tiny = f"smallest subnormal {FP16_MIN_SUBNORMAL:.1e}" if fmt == "fp16" else "smallest normal"
         parts.append(f"{100 * floor['share_flushed']:.0f}% of its reference values are below {fmt.upper()}'s {tiny} "
-                     f"and flush to zero (its floor is {_db(floor.get('sqnr_db'))}: the format's limit, not the node)")
+                     f"and flush to zero (its floor is {_db(floor.get('sqnr_db'))}{FLOOR_BLAME})")
     elif fmt == "fp16" and (floor.get("share_under_min_normal") or 0) > 0.1:
         parts.append(f"{100 * floor['share_under_min_normal']:.0f}% of its reference values are FP16 subnormals "
                      f"(below {FP16_MIN_NORMAL:.1e}), with fewer significant bits")
@@ -69,6 +71,27 @@ def explain(
                      f"{floor_text})")
     text = "; ".join(parts)
     return text[:1].upper() + text[1:] + "." if text else ""
+
+
+def reconcile(culprit) -> None:
+    """Make a culprit's explanation agree with its measured impact: one that fixing gains something on the
+    outputs (not harmless) is not blamed on the format's floor alone; said in place of :data:`FLOOR_BLAME`."""
+    impact = culprit.impact
+    if not impact or culprit.harmless or FLOOR_BLAME not in (culprit.explanation or ""):
+        return
+    said = gain_text(impact.get("best_gain_db"))
+    culprit.explanation = culprit.explanation.replace(FLOOR_BLAME, f"; yet {said}: it adds error beyond that floor")
+
+
+def gain_text(gain) -> str:
+    """What fixing a culprit gains on the outputs, in words: ``fixing it gains 12.3 dB on the outputs``; an
+    unbounded gain (the fixed outputs match the reference exactly) and a loss said as such."""
+    if not isinstance(gain, (int, float)) or math.isnan(gain):
+        return "what fixing it gains was not measured"
+    if math.isinf(gain):
+        return ("fixing it makes the outputs match the reference exactly (the outputs' whole error comes from it)"
+                if gain > 0 else "fixing it alone makes the outputs worse")
+    return f"fixing it gains {gain:.3g} dB on the outputs"
 
 
 def _num(x) -> str:

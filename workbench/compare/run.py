@@ -8,7 +8,7 @@ import numpy as np
 
 from ..core.progress import Steps
 from . import culprits as ranking
-from .explain import explain
+from .explain import explain, reconcile
 from .floor import Floors
 from .impact import measure_impact
 from .result import CompareResult, Culprit, TensorResult
@@ -45,6 +45,8 @@ def run_plan(plan, steps: Steps) -> CompareResult:
         with Ticker(steps.span(0.85, 1.0), 0.0, 1.0, f"measuring what fixing {len(flagged)} culprit(s) gains",
                     max(1.0, timing.get("layerwise_s", 1.0) / 2)) as tick:
             ctx.builds += measure_impact(plan, flagged, notes, tick)
+        for c in flagged:  # an explanation never blames the format for a node whose fix matters
+            reconcile(c)
         culprits = ranking.rank(culprits, crit)
     timing["impact_s"] = time.perf_counter() - t1
     flagged = [c for c in culprits if c.introduces_divergence]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..textfmt import safe_name, table
+from .explain import gain_text
 from .result import CompareResult, Culprit
 
 
@@ -36,7 +37,7 @@ def _impact(c: Culprit) -> str:
     gain = c.impact.get("best_gain_db")
     if not isinstance(gain, float):
         return ""
-    return f"  {'harmful: ' if c.introduces_divergence else ''}fixing it gains {fmt(gain)} dB on the outputs"
+    return f"  {'harmful: ' if c.introduces_divergence else ''}{gain_text(gain)}"
 
 
 def render(result: CompareResult, max_rows: int = 25) -> str:

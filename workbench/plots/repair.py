@@ -20,6 +20,8 @@ from . import esc, fit_title
 from .compare import BAD_COLOR, OK_COLOR, SQNR_EXACT_DB
 
 BEFORE_COLOR = "#9e9e9e"
+#: a failing output before the repair: a lighter, hatched red, so before and after never read as the same bar
+BEFORE_BAD_COLOR = "#ef9a9a"
 
 
 def _doc(result: Any) -> dict:
@@ -107,9 +109,12 @@ def repair_outputs_figure(result: Any, height: int = 320) -> go.Figure:
     fig = go.Figure()
     for side, label in (("before", "before (candidate as converted)"), ("after", "after (repaired model)")):
         drawn, texts = _drawn([r[side] for r in rows], metric)
-        colors = [BAD_COLOR if r[f"{side}_failed"] else (BEFORE_COLOR if side == "before" else OK_COLOR)
-                  for r in rows]
-        fig.add_trace(go.Bar(name=label, x=names, y=drawn, marker_color=colors, text=texts, textposition="auto",
+        if side == "before":
+            colors = [BEFORE_BAD_COLOR if r["before_failed"] else BEFORE_COLOR for r in rows]
+            marker = {"color": colors, "pattern": {"shape": "/", "fgcolor": "#ffffff", "solidity": 0.3}}
+        else:
+            marker = {"color": [BAD_COLOR if r["after_failed"] else OK_COLOR for r in rows]}
+        fig.add_trace(go.Bar(name=label, x=names, y=drawn, marker=marker, text=texts, textposition="auto",
                              hovertemplate="%{x}<br>" + label + ": %{text}<extra></extra>"))
     criterion = (doc.get("target") or {}).get("criterion")
     if criterion:

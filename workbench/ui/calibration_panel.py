@@ -19,10 +19,11 @@ from ..calibrate.methods import DEFAULT_METHOD, DEFAULT_PERCENTILES, METHODS, RU
 from ..calibrate.ort_rules import ENTROPY_BINS, QUANTIZED_BINS
 from ..plots.calibration import calibration_histogram, sensitivity_bars
 from .downloads import download_html
-from .figures import show_figure
-from .inputs_box import parse_shapes, shapes_note_html, shapes_template
+from .figures import clear, show_figure
+from .inputs_box import parse_shapes, shapes_note_html, shapes_placeholder, shapes_template
 from .jobs import JobControls
-from .messages import error_html, fallback_repr, message_html
+from .messages import error_html, error_text, fallback_repr, message_html
+from .runs import no_result_text
 from .state import WorkbenchState
 from .style import heading, style_tag
 from .tables import table_html
@@ -56,7 +57,7 @@ class CalibrationPanel(widgets.VBox):
                                       layout=widgets.Layout(width="520px"))
         self.eval_count = widgets.BoundedIntText(value=8, min=0, max=100_000, description="random N",
                                                  layout=widgets.Layout(width="180px"))
-        self.shapes = widgets.Text(placeholder="x:[1,3,224,224] (random feeds only)", description="shapes",
+        self.shapes = widgets.Text(placeholder=shapes_placeholder(None), description="shapes",
                                    tooltip="input shapes of the random feeds (shared with Compare)",
                                    layout=widgets.Layout(width="520px"))
         self.shapes_note = widgets.HTML()
@@ -104,6 +105,7 @@ class CalibrationPanel(widgets.VBox):
         for w in (self.tensor, self.log_y, self.show_eval):
             w.observe(lambda _: None if self._quiet else self._draw_tensor(), "value")
         self.state.observe(lambda _: self.refresh(), "calibration")
+        self.state.observe(lambda _: self.refresh() if self.state.calibration is None else None, "runs")
         self.state.observe(lambda _: self._on_model(), "model")
         setup = widgets.VBox([
             widgets.HBox([self.data_path, self.data_count]), widgets.HBox([self.eval_path, self.eval_count]),
@@ -129,8 +131,8 @@ class CalibrationPanel(widgets.VBox):
         written) and its input shapes described under the shapes field."""
         model = self.state.model
         self.shapes_note.value = shapes_note_html(model)
-        self.shapes.placeholder = "the model's input shapes are fixed: nothing to fill" \
-            if model is not None and not shapes_template(model) else "x:[1,3,224,224] (random feeds only)"
+        self.shapes.placeholder = shapes_placeholder(model) + (" (random feeds only)" if shapes_template(model)
+                                                                else "")
         if model is None:
             return
         stem = model.name.rsplit(".", 1)[0] or "model"
@@ -162,8 +164,8 @@ class CalibrationPanel(widgets.VBox):
         percentile = None if self.rule_percentile.value else float(self.percentile.value)
         bins, seed = int(self.ort_entropy_bins.value), int(self.seed.value)
         what = f"{data} random feed(s)" if isinstance(data, int) else data
-        self.state.calibration = None  # the previous report goes everywhere (refresh clears the results)
-        self.summary.value = message_html(f"calibrating on {what}...", "info")
+        run = self.state.begin_run("calibration", f"on {what}")  # the previous report goes everywhere
+        self.summary.value = message_html(f"{run.tag}: calibrating on {what}...", "info")
 
         def work(progress, cancel):
             return calibrate(model, data, methods=methods, method=rank, percentile=percentile,
@@ -171,11 +173,14 @@ class CalibrationPanel(widgets.VBox):
                              progress=progress, cancel=cancel)
 
         def done(report):
-            self.state.calibration = report
+            self.state.end_run(run, "done", report)
 
-        def failed(_e):
-            said = "cancelled" if self.jobs.cancelled else "failed (the reason is above)"
-            self.summary.value = message_html(f"the calibration on {what} {said}: no current calibration", "warn")
+        def failed(e):
+            cancelled = self.jobs.cancelled
+            self.state.end_run(run, "cancelled" if cancelled else "failed", error=error_text(e))
+            said = "cancelled" if cancelled else "failed (the reason is above)"
+            self.summary.value = message_html(f"{run.tag}, the calibration on {what}, {said}: no current "
+                                              "calibration", "warn")
 
         return self.jobs.start("calibration", work, done, failed)
 
@@ -195,15 +200,21 @@ class CalibrationPanel(widgets.VBox):
         ready = report is not None
         self.cache_button.disabled = self.qdq_button.disabled = not ready
         if not ready:
-            self.summary.value = message_html("no calibration yet: choose data and press Calibrate", "info")
-            self.rules.value = self.tensor_note.value = ""
+            run = self.state.current_run("calibration")
+            self.summary.value = message_html(
+                "no calibration yet: choose data and press Calibrate" if run is None else
+                no_result_text(self.state, "calibration", "this panel"), "info")
+            self.rules.value = self.tensor_note.value = self.represent.value = ""
             self.tensor.options = []
-            self.histogram.outputs = ()
+            clear(self.histogram)
+            clear(self.sensitivity)
             return
         cfg = report.config
+        run = self.state.run_of(report)
         # the notes (e.g. "the ranking rule is N dB worse than another") come first, as warnings
         self.summary.value = "".join(message_html(n, "warn") for n in report.notes) + message_html(
-            f"{len(report.tensors)} tensors calibrated on {cfg.get('feeds')} feed(s)"
+            (f"{run.tag}: " if run is not None else "")
+            + f"{len(report.tensors)} tensors calibrated on {cfg.get('feeds')} feed(s)"
             + (f", evaluated on {cfg.get('eval_feeds')}" if cfg.get("eval_feeds") else "")
             + f"; rules {', '.join(report.methods)}; ranking under '{report.method}' ({report.rule(report.method)})",
             "ok")
@@ -227,18 +238,13 @@ class CalibrationPanel(widgets.VBox):
         self._draw_tensor()
         show_figure(self.sensitivity, sensitivity_bars(report))
         rows = sorted(report.representativeness or [], key=lambda r: (not r.flagged, -r.js_distance))
-        self.represent.value = table_html(
-            ["tensor", "flagged", "calib amax", "eval amax", "eval beyond amax", "JS distance", "reasons"],
-            [(r.tensor, r.flagged, r.calib_amax, r.eval_amax, f"{r.beyond_fraction:.3%}", r.js_distance,
-              "; ".join(r.reasons)) for r in rows],
-            classes=["bad" if r.flagged else "" for r in rows],
-            empty="no evaluation data: give some to check that the calibration set is representative")
+        self.represent.value = represent_html(rows)
 
     def _draw_tensor(self) -> None:
         report, name = self.state.calibration, self.tensor.value
         if report is None or not name:
             self.tensor_note.value = ""
-            self.histogram.outputs = ()
+            clear(self.histogram)
             return
         try:
             fig = calibration_histogram(report, name, log_y=self.log_y.value, show_eval=self.show_eval.value)
@@ -294,6 +300,24 @@ class CalibrationPanel(widgets.VBox):
                 download_html(Path(written), "Download the QDQ model", show_path=False)
 
         return self.export_jobs.start("QDQ export", work, done)
+
+
+def represent_html(rows: list) -> str:
+    """Representativeness rows: the evaluation data's share beyond the calibrated amax next to the calibration
+    data's own (a tensor is flagged on the excess of one over the other, not on the first alone)."""
+    note = ('<div class="wb-culprit wb-small">"beyond amax": the share of values past the calibrated amax, for the '
+            "evaluation data and for the calibration data itself; a tensor is flagged when the evaluation data goes "
+            "beyond it clearly more often than the calibration data does (the excess), or when the two "
+            "distributions differ (JS distance)</div>")
+    return table_html(
+        ["tensor", "flagged", "calib amax", "eval amax", "eval beyond amax", "calib beyond amax", "excess",
+         "JS distance", "reasons"],
+        [(r.tensor, "yes" if r.flagged else "no", r.calib_amax, r.eval_amax, f"{r.beyond_fraction:.3%}",
+          f"{r.calib_beyond_fraction:.3%}", f"{r.excess_beyond:+.3%}", r.js_distance,
+          "; ".join(r.reasons)) for r in rows],
+        classes=["bad" if r.flagged else "" for r in rows],
+        empty="no evaluation data: give some to check that the calibration set is representative") + \
+        (note if rows else "")
 
 
 def _toolchain(method: str) -> str:

@@ -50,8 +50,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
         self.cand_engine, self.cand_variant = self.pair.cand_engine, self.pair.cand_variant
         self.engine_note = widgets.HTML()
         # the user's own candidate file (their FP16/QDQ export): typed, or uploaded (kept in a temporary folder)
-        self.cand_file = widgets.Text(description="cand. file", placeholder="your own candidate .onnx (optional): the "
-                                      "candidate engine runs this file", layout=widgets.Layout(width="520px"))
+        self._make_cand_file()
         self.cand_upload = widgets.FileUpload(accept=".onnx", multiple=False, description="upload .onnx")
         self.cand_upload.observe(self._on_upload, "value")
         self.cand_file.observe(lambda _: self._on_engine(), "value")
@@ -91,6 +90,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
         self.report_button.on_click(lambda _: self.export_report())
         self.bundle_button.on_click(lambda _: self.export_bundle())
         self.export_note = widgets.HTML()
+        self._offers: list[tuple[str, str]] = []
         # run history: every finished comparison; pick two to see what changed
         self.history_a = widgets.Dropdown(options=[], description="run A", layout=widgets.Layout(width="560px"))
         self.history_b = widgets.Dropdown(options=[], description="run B", layout=widgets.Layout(width="560px"))
@@ -124,28 +124,6 @@ class ComparePanel(PairedPanel, widgets.VBox):
         if self.state.result is not None:
             self.show_result(self.state.result)
         self.show_history()
-
-    @property
-    def candidate(self) -> str:
-        """The candidate spec; with a candidate file, its engine alone (the file is already the variant)."""
-        return self.cand_engine.value if self.cand_file.value.strip() else self.pair.candidate
-
-    def candidate_file(self) -> str | None:
-        """The candidate file typed or uploaded (checked to exist), or None."""
-        from pathlib import Path
-
-        from ..errors import InputError
-
-        text = self.cand_file.value.strip()
-        if not text:
-            return None
-        path = Path(text).expanduser()
-        if not path.is_file():  # a folder, a FIFO or a device is not "not found": say which
-            shown = _one_line(str(path), MAX_NAME_SHOWN)
-            what = ("not found: it is a folder, not a file" if path.is_dir() else
-                    "not found: it is not a regular file (a pipe, device or socket)" if path.exists() else "not found")
-            raise InputError(f"candidate file {shown} {what}", "type the path of your converted .onnx, or upload it")
-        return str(path)
 
     def _on_upload(self, change: dict) -> None:
         """An uploaded .onnx goes to a private temporary folder (never the working directory; removed with the panel
@@ -376,9 +354,9 @@ class ComparePanel(PairedPanel, widgets.VBox):
         reference, candidate, mode = self.reference, self.candidate, self.mode.value
         named = f"{Path(cand_file).name} on {candidate}" if cand_file else candidate  # the user's file by its name
         what = f"{named} against {reference} on {html.unescape(self.inputs.describe())}"
-        self.state.result = None  # every panel drops the previous result (its observers clear them)
+        run = self.state.begin_run("comparison", what)  # every panel drops the previous result (observers)
         self.show_result(None)
-        self.summary.value = message_html(f"comparing {what}...", "info")
+        self.summary.value = message_html(f"{run.tag}: comparing {what}...", "info")
 
         def work(progress, cancel):
             return compare(model, reference, candidate, mode=mode, criterion=criterion, progress=progress,
@@ -386,12 +364,15 @@ class ComparePanel(PairedPanel, widgets.VBox):
 
         def done(result):
             self.state.selected = ""
-            self.state.result = result
+            self.state.end_run(run, "done", result)
 
-        def failed(_e):
+        def failed(e):
+            cancelled = self.jobs.cancelled
+            self.state.end_run(run, "cancelled" if cancelled else "failed", error=error_text(e))
             self.show_result(None)
-            said = "cancelled" if self.jobs.cancelled else "failed (the reason is above)"
-            self.summary.value = message_html(f"the comparison of {what} {said}: no current result", "warn")
+            said = "cancelled" if cancelled else "failed (the reason is above)"
+            self.summary.value = message_html(f"{run.tag}, the comparison of {what}, {said}: no current result",
+                                              "warn")
 
         return self.jobs.start("comparison", work, done, failed)
 
@@ -407,6 +388,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
         the per-tensor table."""
         self.save_note.value = ""
         self.export_note.value = ""
+        self._offers = []  # (what, its note and link) of the current result's exports
         self._mark_stale()
         self.show_fallbacks()
         if result is None:
@@ -419,7 +401,9 @@ class ComparePanel(PairedPanel, widgets.VBox):
             self.threshold.value = result.criterion.threshold
             self.tolerance_note.value = message_html(f"this run: diverged when {result.criterion.describe()} "
                                                      "(the default for the inferred precisions)", "info")
-        self.summary.value = _user_file_html(result) + verdict_html(result)
+        run = self.state.run_of(result)
+        self.summary.value = (f'<div class="wb-run">{html.escape(run.tag)}</div>' if run is not None else "") + \
+            _user_file_html(result) + verdict_html(result)
         m = result.criterion.metric
         rows = []
         for k, c in enumerate(result.culprits, 1):
@@ -506,7 +490,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self.export_note.value = error_html(e, what)
             return None
-        self.export_note.value = message_html(f"writing {what}...", "info")
+        self.export_note.value = "".join(o[1] for o in self._offers) + message_html(f"writing {what}...", "info")
 
         def work(progress, _cancel):
             progress(0.2, f"writing {what}")
@@ -515,21 +499,25 @@ class ComparePanel(PairedPanel, widgets.VBox):
         return self.jobs.start(job, work, lambda path: self._offer(path, what), lambda e: self._export_failed(e, what))
 
     def _offer(self, path, what: str) -> None:
+        """Offer ``path`` for download next to the other exports of the current result (each kept: the report's
+        link stays when the bundle is written)."""
         try:
             link = download_html(path, f"Download {what}", show_path=False)
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self._export_failed(e, what)
             return
-        self.export_note.value = message_html(f"wrote {what}: {path}", "ok") + link
+        self._offers = [o for o in self._offers if o[0] != what] + [(what, message_html(f"wrote {what}: {path}",
+                                                                                         "ok") + link)]
+        self.export_note.value = "".join(o[1] for o in self._offers)
 
     def _export_failed(self, e: BaseException, what: str) -> None:
-        self.export_note.value = error_html(e, f"writing {what}")
+        self.export_note.value = "".join(o[1] for o in self._offers) + error_html(e, f"writing {what}")
 
     # --- run history -----------------------------------------------------------------------------------------
     def show_history(self) -> None:
         """The run pickers list every finished comparison (newest last); A and B default to the last two."""
         runs = list(self.state.history)
-        options = [(f"#{k} {_run_label(r)}", k - 1) for k, r in enumerate(runs, 1)]
+        options = [(self._history_label(r), k) for k, r in enumerate(runs)]
         self.history_a.options = options
         self.history_b.options = options
         if options:
@@ -539,6 +527,21 @@ class ComparePanel(PairedPanel, widgets.VBox):
         self.history_note.value = message_html(
             f"{len(runs)} finished comparison(s) this session" + ("; run another to compare two" if len(runs) < 2
                                                                    else "; pick two to see what changed"), "info")
+
+    def _history_label(self, result: Any) -> str:
+        """``#N: CANDIDATE on ENGINE vs REFERENCE, SHAPES, TIME: VERDICT`` (N: the run's id)."""
+        import time
+
+        from .runs import comparison_text
+
+        run = self.state.run_of(result)
+        head = f"#{run.id}: " if run is not None else ""
+        when = time.strftime(", %H:%M:%S", time.localtime(run.started)) if run is not None else ""
+        return f"{head}{comparison_text(result)}{when}: {'DIVERGED' if result.diverged else 'ok'}"
+
+    def _tag(self, result: Any, fallback: int) -> str:
+        run = self.state.run_of(result)
+        return run.tag if run is not None else f"run #{fallback + 1}"
 
     def diff_runs(self):
         """What changed from run A to run B (:func:`workbench.report.diff.diff_results`), shown in the panel;
@@ -550,17 +553,33 @@ class ComparePanel(PairedPanel, widgets.VBox):
         if a is None or b is None or len(runs) < 2:
             self.diff_out.value = message_html("run at least two comparisons first", "warn")
             return None
+        tag_a, tag_b = self._tag(runs[a], a), self._tag(runs[b], b)
         try:
-            diff = diff_results(runs[a], runs[b], labels=(f"run #{a + 1}", f"run #{b + 1}"))
+            diff = diff_results(runs[a], runs[b], labels=(tag_a, tag_b))
             text = diff.render()
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self.diff_out.value = error_html(e, "comparing the two runs")
             return None
         said = "the same conclusion" if diff.same_conclusion else "a different conclusion"
-        self.diff_out.value = (message_html(f"run #{a + 1} against run #{b + 1}: {said}", "info")
+        self.diff_out.value = (message_html(f"{tag_a} against {tag_b}: {said}", "info")
+                               + "".join(message_html(n, "warn") for n in setup_changes(runs[a], runs[b]))
                                + '<pre class="wb-diff" style="white-space: pre-wrap; overflow-x: auto; '
                                f'color: var(--jp-content-font-color1)">{html.escape(text)}</pre>')
         return diff
+
+
+def setup_changes(a: Any, b: Any) -> list[str]:
+    """What differs in how two comparisons were set up (engines, candidate file, inputs): the likely cause of
+    the differences a diff shows."""
+    from .runs import candidate_text, inputs_text
+
+    out = []
+    for what, get in (("reference", lambda r: str(r.reference)), ("candidate", candidate_text),
+                      ("inputs", inputs_text)):
+        before, after = get(a), get(b)
+        if before != after:
+            out.append(f"the {what} changed: {before} -> {after}")
+    return out
 
 
 def _stamp(result: Any) -> str:
@@ -569,12 +588,6 @@ def _stamp(result: Any) -> str:
     import time
 
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(result.candidate)) + time.strftime("-%H%M%S")
-
-
-def _run_label(result: Any) -> str:
-    name = (result.model or {}).get("name") or ""
-    verdict = "DIVERGED" if result.diverged else "ok"
-    return f"{_candidate_label(result)} vs {result.reference}" + (f" on {name}" if name else "") + f": {verdict}"
 
 
 def _result_file(result: Any) -> tuple | None:
@@ -724,10 +737,12 @@ def culprit_html(c: Any, metric: str) -> str:
             f"receives {html.escape(received)}{floor}")
     impact = c.impact
     if impact:
+        from ..compare.explain import gain_text
+
         gain = fmt_metric(impact.get("best_gain_db"))
-        per = ", ".join(f"{o} {fmt_metric(g)} dB" for o, g in (impact.get("gain") or {}).items())
+        per = ", ".join(f"{o} {_gain_db(g)}" for o, g in (impact.get("gain") or {}).items())
         said = (f"fixing it gains at most {gain} dB on the outputs" if c.harmless
-                else f"fixing it gains {gain} dB on the outputs") + (f" ({per})" if per else "")
+                else gain_text(impact.get("best_gain_db"))) + (f" ({per})" if per else "")
         if impact.get("nonfinite_fixed"):
             said += f", removes {impact['nonfinite_fixed']} inf/NaN"
         if impact.get("note"):
@@ -738,6 +753,15 @@ def culprit_html(c: Any, metric: str) -> str:
     if c.explanation:
         text += "<br>" + html.escape(c.explanation)
     return text
+
+
+def _gain_db(gain: Any) -> str:
+    """One output's gain: ``12.3 dB``, ``exact after the fix`` for an unbounded one."""
+    import math
+
+    if isinstance(gain, (int, float)) and math.isinf(gain):
+        return "exact after the fix" if gain > 0 else "worse after the fix"
+    return f"{fmt_metric(gain)} dB"
 
 
 def _user_file_html(result: Any) -> str:

@@ -58,6 +58,7 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         self._preprocess_fn: Any = None
         self.pair = EnginePair(reference, candidate)
         self.engine_note = widgets.HTML()
+        self._make_cand_file()  # the user's own candidate file (their FP16/QDQ export), as in Compare
         # samples
         self.source = widgets.ToggleButtons(options=[FOLDER, OBJECT], value=FOLDER, description="samples")
         self.folder = widgets.Text(placeholder="/path/to/a folder of .npz (one sample each), or of images",
@@ -116,6 +117,7 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         self.source.observe(self._on_source, "value")
         self.executor.observe(self._on_executor, "value")
         self.pair.observe(self._on_engine)
+        self.cand_file.observe(self._on_engine, "value")
         self.scatter_metric.observe(lambda _: None if self._filling else self._draw_scatter(), "value")
         self.state.observe(self._on_model, "model")
         self._folder_box = widgets.VBox([self.folder])
@@ -126,7 +128,8 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             heading("Each sample (click a point to open it)"), self.scatter_metric, self.scatter_box,
             heading("Where samples first diverge"), self.bars_note, self.bars])
         pickers = widgets.VBox([widgets.HBox([self.pair.ref_engine, self.pair.ref_variant]),
-                                widgets.HBox([self.pair.cand_engine, self.pair.cand_variant]), self.engine_note])
+                                widgets.HBox([self.pair.cand_engine, self.pair.cand_variant]), self.cand_file,
+                                self.engine_note])
         super().__init__([
             style_tag(), heading("Engines and precisions"), pickers,
             heading("Samples"), self.source, self._folder_box, self._object_box, self.preprocess,
@@ -160,8 +163,10 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         self.ray_address.layout.display = "" if self.executor.value == "ray" else "none"
 
     def _on_engine(self, _change: Any = None) -> None:
-        problems = self.pair.problems(self.state.model)
-        self.engine_note.value = "".join(message_html(p, "error") for p in problems)
+        problems = self.pair_problems(self.state.model)
+        hint = message_html(f"the candidate runs your file on {self.pair.cand_engine.value} (its precision is read "
+                            "from the file; the precision picker is ignored)", "info") if self._cand_text() else ""
+        self.engine_note.value = "".join(message_html(p, "error") for p in problems) + hint
         self.run_button.disabled = bool(problems) or self.jobs.running
 
     def _on_model(self, _change: Any = None) -> None:
@@ -224,9 +229,10 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         from ..dataset.executors import ExecutorSpec
         from ..dataset.metrics import parse_metric
 
-        problems = self.pair.problems(self.state.model)
+        problems = self.pair_problems(self.state.model)
         if problems:
             raise InputError(problems[0], "pick another engine or variant")
+        cand_model = self.candidate_file()
         if self.source.value == FOLDER:
             text = self.folder.value.strip()
             if not text:
@@ -246,7 +252,8 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         if criterion is not None:
             Criterion.parse(criterion)
         return {"inputs": inputs, "preprocess": preprocess, "metrics": metrics, "executor": executor,
-                "workers": workers, "worst": int(self.worst_count.value), "criterion": criterion}
+                "workers": workers, "worst": int(self.worst_count.value), "criterion": criterion,
+                "cand_model": cand_model}
 
     def describe(self) -> str:
         if self.source.value == FOLDER:
@@ -269,20 +276,29 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             self.jobs.status.value = error_html(e, "the dataset comparison")
             return None
         reference, candidate = self.reference, self.candidate
-        what = f"{candidate} against {reference} on {self.describe()}"
+        named = f"{Path(options['cand_model']).name} on {candidate}" if options.get("cand_model") else candidate
+        what = f"{named} against {reference} on {self.describe()}"
         self.sample_jobs.cancel()  # a sample being opened belongs to the result this run replaces
         self.show_result(None)
-        self.summary.value = message_html(f"comparing {what}...", "info")
+        run = self.state.begin_run("dataset", what)
+        self.summary.value = message_html(f"{run.tag}: comparing {what}...", "info")
 
         def work(progress, cancel):
             return compare_dataset(model, reference, candidate, progress=progress, cancel=cancel, **options)
 
-        def failed(_e):
-            self.show_result(None)
-            said = "cancelled" if self.jobs.cancelled else "failed (the reason is above)"
-            self.summary.value = message_html(f"the dataset comparison of {what} {said}: no current result", "warn")
+        def done(result):
+            self.state.end_run(run, "done", result)
+            self.show_result(result)
 
-        return self.jobs.start("dataset comparison", work, self.show_result, failed)
+        def failed(e):
+            cancelled = self.jobs.cancelled
+            self.state.end_run(run, "cancelled" if cancelled else "failed", error=str(e))
+            self.show_result(None)
+            said = "cancelled" if cancelled else "failed (the reason is above)"
+            self.summary.value = message_html(f"{run.tag}, the dataset comparison of {what}, {said}: no current "
+                                              "result", "warn")
+
+        return self.jobs.start("dataset comparison", work, done, failed)
 
     def cancel(self) -> None:
         self.jobs.cancel()
@@ -315,6 +331,8 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         options = (run.get("options") or defaults).replace(culprits=defaults.culprits, impact=defaults.impact)
         reference, candidate = result.reference, result.candidate
         what = f"sample #{index} ({row['source']})"
+        of = self.state.run_of(result)
+        label = f"{what} of dataset {of.tag if of is not None else 'run'}"
         self.sample_note.value = message_html(f"opening {what}: comparing it layer by layer...", "info")
 
         def work(progress, cancel):
@@ -329,11 +347,12 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             return single
 
         def done(single):
-            if self.result is not result:
-                return  # a new run replaced the result this sample belongs to
+            if self.result is not result:  # a new run replaced the result this sample belongs to
+                return
             self.opened = index
             self.state.selected = ""
-            self.state.result = single
+            opened = self.state.begin_run("comparison", label)  # the current comparison until another one
+            self.state.end_run(opened, "done", single)
             self.sample_note.value = opened_html(single, what)
             self.state.request_show("errors")
 
@@ -368,7 +387,8 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             self.results_box.layout.display = "none"
             return
         self.results_box.layout.display = ""
-        self.summary.value = verdict_html(result)
+        run = self.state.run_of(result)
+        self.summary.value = (message_html(run.tag, "info") if run is not None else "") + verdict_html(result)
         self.task_table.value = task_html(result)
         self._show_worst(result)
         indices = [s["index"] for s in result.samples]

@@ -68,9 +68,17 @@ class EnginePair:
 
 
 class PairedPanel:
-    """A panel that picks its reference and candidate with an :class:`EnginePair` in ``self.pair``: the specs."""
+    """A panel that picks its reference and candidate with an :class:`EnginePair` in ``self.pair``, and optionally
+    runs the user's own candidate file (``self.cand_file``, made by :meth:`_make_cand_file`): with a file, the
+    candidate is its engine alone, the file's own precision wins over the precision picker (as Compare does)."""
 
     pair: EnginePair
+    cand_file: widgets.Text | None = None
+
+    def _make_cand_file(self) -> widgets.Text:
+        self.cand_file = widgets.Text(description="cand. file", placeholder="your own candidate .onnx (optional): "
+                                      "the candidate engine runs this file", layout=widgets.Layout(width="520px"))
+        return self.cand_file
 
     @property
     def reference(self) -> str:
@@ -78,4 +86,36 @@ class PairedPanel:
 
     @property
     def candidate(self) -> str:
-        return self.pair.candidate
+        """The candidate spec; with a candidate file, its engine alone (the file is already the variant)."""
+        return self.pair.cand_engine.value if self._cand_text() else self.pair.candidate
+
+    def _cand_text(self) -> str:
+        return self.cand_file.value.strip() if self.cand_file is not None else ""
+
+    def candidate_file(self) -> str | None:
+        """The candidate file typed (or uploaded), checked to be a file, or None; a bad path is one line in the
+        panel's words."""
+        from pathlib import Path
+
+        from ..errors import InputError
+        from ..textfmt import printable
+
+        text = self._cand_text()
+        if not text:
+            return None
+        path = Path(text).expanduser()
+        if not path.is_file():  # a folder, a FIFO or a device is not "not found": say which
+            shown = printable(str(path))
+            shown = shown if len(shown) <= MAX_NAME_SHOWN else shown[:MAX_NAME_SHOWN - 3] + "..."
+            what = ("not found: it is a folder, not a file" if path.is_dir() else
+                    "not found: it is not a regular file (a pipe, device or socket)" if path.exists() else "not found")
+            raise InputError(f"candidate file {shown} {what}", "type the path of your converted .onnx, or upload it")
+        return str(path)
+
+    def pair_problems(self, model=None) -> list[str]:
+        """Why the chosen pair cannot run (the candidate precision picker ignored while a file is chosen)."""
+        return self.pair.problems(model, candidate_variant=not self._cand_text())
+
+
+#: the longest candidate file name shown in a message
+MAX_NAME_SHOWN = 120

@@ -15,6 +15,7 @@ from ..engine_graphs.layers import layer_rows
 from ..engine_graphs.text import overhead_summary
 from ..plots.engine_graph import slowest_layers
 from .figures import clear, show_figure
+from .inputs_box import shapes_placeholder
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
@@ -42,7 +43,8 @@ class EnginePanel(widgets.VBox):
                                        layout=widgets.Layout(width="260px"))
         self.runs = widgets.BoundedIntText(value=10, min=0, max=10_000, description="runs",
                                            layout=widgets.Layout(width="160px"))
-        self.shapes = widgets.Text(value=self.state.input_shapes, description="shapes", placeholder="x:[1,3,224,224]",
+        self.shapes = widgets.Text(value=self.state.input_shapes, description="shapes",
+                                   placeholder=shapes_placeholder(self.state.model),
                                    layout=widgets.Layout(width="320px"))
         self.inspect_button = widgets.Button(description="Inspect", icon="search")
         self.inspect_button.on_click(lambda _: self.inspect())
@@ -52,9 +54,11 @@ class EnginePanel(widgets.VBox):
         self.summary = widgets.HTML()
         self.table = widgets.HTML()
         self.chart = widgets.Output()
-        self.state.observe(lambda _: self._redraw(), "result")
+        self.state.observe(lambda _: self._redraw(), "result")  # the error column follows the current comparison
         self.state.observe(self._on_state_graph, "engine_graph")
         self.state.observe(lambda change: setattr(self.shapes, "value", change["new"]), "input_shapes")
+        self.state.observe(lambda change: setattr(self.shapes, "placeholder", shapes_placeholder(change["new"])),
+                           "model")
         super().__init__([
             style_tag(), self.message,
             widgets.HBox([self.engine, self.runs, self.shapes, self.inspect_button]), self.jobs,
@@ -75,16 +79,24 @@ class EnginePanel(widgets.VBox):
         except Exception as e:  # noqa: BLE001 - shown in the panel
             self.message.value = error_html(e, "reading the options")
             return None
+        if self.jobs.running:
+            return self.jobs.start("engine graph", lambda _p, _c: None)  # says: wait for it, or cancel it
         spec, runs = self.engine.value.strip(), int(self.runs.value)
-        self.message.value = message_html(f"looking inside {spec}...", "info")
+        run = self.state.begin_run("engine", spec)  # the previous engine graph goes everywhere
+        self.message.value = message_html(f"{run.tag}: looking inside {spec}...", "info")
 
         def work(_progress, _cancel):
             return engine_graph(model, spec, input_shapes=shapes, runs=runs)
 
-        def failed(e):
-            self.message.value = error_html(e, f"inspecting {spec}")
+        def done(graph):
+            self.state.end_run(run, "done", graph)
+            self.show(graph)
 
-        return self.jobs.start("engine graph", work, self.show, failed)
+        def failed(e):
+            self.state.end_run(run, "cancelled" if self.jobs.cancelled else "failed", error=str(e))
+            self.message.value = error_html(e, f"{run.tag}, inspecting {spec}")
+
+        return self.jobs.start("engine graph", work, done, failed)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.jobs.wait(timeout)
@@ -104,11 +116,18 @@ class EnginePanel(widgets.VBox):
         if graph is not None:
             self.show(graph)
             return
-        self.graph = None  # a new model: the graph shown was of the previous one
+        self.graph = None  # a new model, or a new inspection started: the graph shown was of another run
         for w in (self.warning, self.summary, self.table):
             w.value = ""
         clear(self.chart)
-        self.message.value = message_html("the model changed: press Inspect to look inside an engine", "info")
+        run = self.state.current_run("engine")
+        if run is None or run.status == "done":
+            said = "the model changed: press Inspect to look inside an engine"
+        elif run.status == "running":
+            said = f"{run.tag}: looking inside {run.label}..."
+        else:
+            said = f"{run.tag} ({run.label}) {run.status}: no current engine graph (the previous one was cleared)"
+        self.message.value = message_html(said, "info")
 
     def _redraw(self) -> None:
         graph = self.graph
@@ -125,7 +144,11 @@ class EnginePanel(widgets.VBox):
             f"{len(fell)} node(s) fell back from {graph.details.get('requested_provider')} to another provider: "
             + ", ".join(f"{r['name']} ({r['provider']})" for r in fell[:5]), "warn") if fell else ""
         d = graph.details
+        run, compared = self.state.run_of(graph), self.state.run_of(result)
         self.summary.value = kv_html([
+            ("run", run.tag if run is not None else "-"),
+            ("error column", f"from comparison {compared.tag}" if compared is not None else
+             "from the current comparison" if result is not None else "no current comparison"),
             ("engine", graph.engine), ("executed nodes", f"{len(graph.nodes)} ({len(graph.fused_nodes)} fused)"),
             ("ONNX nodes", f"{d.get('onnx_compute_nodes')} ({len(graph.folded)} folded, {len(graph.unmapped)} "
                            "unmapped)"),

@@ -19,6 +19,7 @@ from ..core.metric_info import JUDGED
 from .figures import clear, show_figure
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
+from .runs import no_result_text
 from .state import WorkbenchState
 from .style import heading, style_tag
 
@@ -102,6 +103,7 @@ class ErrorsPanel(widgets.VBox):
             w.observe(lambda _: self._show_detail(self.state.selected), "value")
         self.view_channel.observe(lambda _: self._draw_views(), "value")
         self.state.observe(lambda _: self.refresh(), "result")
+        self.state.observe(self._on_runs, "runs")  # a run cancelled or failed: say so where its results were
         self.state.observe(lambda ch: self._show_detail(ch["new"]), "selected")
         super().__init__([
             style_tag(), widgets.HBox([self.metric, self.feed, self.axis]), self.message, self.zoom_bar,
@@ -127,14 +129,15 @@ class ErrorsPanel(widgets.VBox):
             if self._probe_for is not result:
                 self._probe, self._probe_for = None, None
         if result is None:
-            self.message.value = message_html("no comparison yet: run one in the Compare panel", "info")
-            self.curve_box.children = ()
-            self._set_values(None)
+            self.message.value = message_html(no_result_text(self.state), "info")
+            self._clear_views()
             return
         verdict = result.verdict()
         dips = len(verdict["internal_dips"])
+        run = self.state.run_of(result)
         self.message.value = message_html(
-            f"{'DIVERGED' if result.diverged else 'ok'}: {verdict['reason']}"
+            (f"{run.tag}: " if run is not None else "") + f"{'DIVERGED' if result.diverged else 'ok'}: "
+            f"{verdict['reason']}"
             + (f"; {dips} internal dip(s)" if dips else "") + ". Click a point (a layer) to see its values"
             + ("; the shaded band is the precision floor (the error of merely holding the reference in the "
                "candidate's format)." if any(t.floor for t in result.tensors) else "."),
@@ -153,6 +156,29 @@ class ErrorsPanel(widgets.VBox):
         show_figure(self.culprit_chart, culprit_bars(result))
         self._show_detail(self.state.selected)
 
+    @property
+    def curve_shown(self) -> bool:
+        """Whether the error curve is shown (there is a current comparison)."""
+        return bool(self.curve_box.children) and self.curve_box.layout.display != "none"
+
+    def _on_runs(self, _change: Any = None) -> None:
+        if self.state.result is None:
+            self.message.value = message_html(no_result_text(self.state), "info")
+
+    def _clear_views(self) -> None:
+        """No current comparison: the curve, the overview charts, the selected layer's detail and its values go
+        (none of them may show an older run's numbers as current)."""
+        # hidden, its traces dropped, but kept in the page: a figure view removed and drawn again on the next run
+        # made plotly.js fail to set its state ("Error setting state" in the browser console on every rerun)
+        self.curve_box.layout.display = "none"
+        if self.curve is not None:
+            self.curve.data = ()
+        for out in (self.overview, self.culprit_chart, self.values_plot, self.scatter_plot, self.channel_plot):
+            clear(out)
+        self.detail_title.value = ""
+        self.zoom_note.value = ""
+        self._set_values(None)
+
     def _draw_curve(self) -> None:
         import plotly.graph_objects as go
 
@@ -165,14 +191,15 @@ class ErrorsPanel(widgets.VBox):
         ring = {"size": 20, "color": "rgba(0,0,0,0)", "line": {"width": 3, "color": "#1a73e8"}}
         fig.add_trace(go.Scatter(x=[], y=[], mode="markers", name=SELECTED_TRACE, hoverinfo="skip", marker=ring))
         fig.update_layout(height=420, clickmode="event")
+        self.curve_box.layout.display = ""  # shown before it is updated: plotly.js draws into a visible plot
         if self.curve is None:
             self.curve = go.FigureWidget(fig)
+            self.curve_box.children = (self.curve,)
         else:
             with self.curve.batch_update():
                 self.curve.data = ()
                 self.curve.add_traces(list(fig.data))
                 self.curve.layout = fig.layout
-        self.curve_box.children = (self.curve,)  # a cleared result (a new run started) emptied the box
         for trace in self.curve.data:
             if trace.customdata is not None:
                 trace.on_click(self._on_click)

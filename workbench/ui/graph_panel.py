@@ -30,6 +30,7 @@ from ..plots.graph import (
 from ..plots.graph_engine import ENGINE_OVERLAYS, NO_ENGINE, EngineView
 from .graph_widget import GraphWidget
 from .messages import error_html, fallback_repr, message_html
+from .runs import no_result_text
 from .state import WorkbenchState
 from .style import style_tag
 
@@ -118,6 +119,7 @@ class GraphPanel(widgets.VBox):
         self.canvas.on_msg(self._on_canvas_msg)
         self.state.observe(self._on_model, "model")
         self.state.observe(self._on_result, "result")
+        self.state.observe(lambda _: self._on_result() if self.state.result is None else None, "runs")
         self.state.observe(self._on_selected, "selected")
         self.state.observe(self._on_engine, "engine_graph")
         bar1 = widgets.HBox([self.overlay, self.depth, self.fused])
@@ -164,10 +166,17 @@ class GraphPanel(widgets.VBox):
         self.refresh(fit=True)
 
     def _on_result(self, _change: Any = None) -> None:
+        """A new current comparison (or none: a run started, was cancelled or failed): the colours and the side
+        pane follow it, so neither keeps an older run's numbers."""
         if self.state.result is not None and self.overlay.value in STATIC_OVERLAYS:
             self.overlay.value = "introduced"  # refreshes
         else:
             self.refresh()
+        selected = self.state.selected
+        if selected and self.view is not None and selected in self.view.index and self.state.model is not None:
+            self._describe(selected)
+        else:
+            self.info.value = hint_html()
 
     def _on_engine(self, _change: Any = None) -> None:
         """A new engine graph: its fused groups are boxed (Fused groups ticks itself) and the engine overlays
@@ -232,9 +241,19 @@ class GraphPanel(widgets.VBox):
         overlay = self.overlay.value
         engine, problem = self.engine_graph(), self.engine_problem()
         notes = []
-        if overlay in RESULT_OVERLAYS and self.state.result is None:
-            notes.append(f"'{OVERLAYS[overlay]}' needs a comparison: run one in Compare")
+        result = self.state.result
+        run = self.state.run_of(result)
+        if overlay in RESULT_OVERLAYS and result is None:
+            notes.append(f"'{OVERLAYS[overlay]}' needs a comparison: " + no_result_text(self.state, where="Compare"))
             overlay = "op_type"
+        elif overlay in RESULT_OVERLAYS:
+            notes.append(f"colours from comparison {run.tag if run is not None else ''}".rstrip())
+        elif overlay == "precision" and result is not None:
+            notes.append(f"precision: what the candidate of comparison {run.tag if run is not None else ''} "
+                         f"({result.candidate}) computes each node in, not the loaded model's own types (those are "
+                         "in the node pane)")
+        elif overlay == "precision":
+            notes.append("precision: the loaded model's own tensor types (after a comparison: its candidate's)")
         elif overlay in ENGINE_OVERLAYS and engine is None:
             notes.append(f"'{OVERLAYS[overlay]}': {problem}")
             overlay = "op_type"
@@ -373,7 +392,13 @@ class GraphPanel(widgets.VBox):
         node = model.graph.node(name)
         lines = [f"{_text(name, 'b')} ({_plain(node.op_type)}, #{node.topo_index})"]
         compared = False
+        if result is None and self.state.current_run("comparison") is not None:
+            lines.append(f"<span class='wb-muted'>{html.escape(no_result_text(self.state, where='Compare'))}"
+                         "</span>")
         if result is not None:
+            run = self.state.run_of(result)
+            if run is not None:
+                lines.append(f"<span class='wb-muted'>from comparison {run.tag}</span>")
             for t in result.tensors:
                 if t.node == name:
                     compared = True

@@ -106,10 +106,11 @@ class InputsBox(widgets.VBox):
         self.seed = widgets.IntText(value=0, description="seed", layout=widgets.Layout(width="160px"))
         self.count = widgets.BoundedIntText(value=1, min=1, max=10_000, description="feeds",
                                             layout=widgets.Layout(width="160px"))
-        self.shapes = widgets.Text(placeholder="x:[1,3,224,224] ids:[1,128]", description="shapes",
+        self.shapes = widgets.Text(placeholder=shapes_placeholder(None), description="shapes",
                                    layout=widgets.Layout(width="420px"))
         self.shapes_note = widgets.HTML()
-        self.ranges = widgets.Text(placeholder="x:[0,1]", description="ranges", layout=widgets.Layout(width="420px"))
+        self.ranges = widgets.Text(placeholder=ranges_placeholder(None), description="ranges",
+                                   layout=widgets.Layout(width="420px"))
         self.upload = widgets.FileUpload(accept=".npz,.json", multiple=True, description="Upload .npz")
         self.path = widgets.Text(placeholder="/path/to/feeds.npz, a folder of .npz, or Polygraphy inputs .json",
                                  layout=widgets.Layout(width="520px"))
@@ -134,7 +135,8 @@ class InputsBox(widgets.VBox):
         """Describe ``model``'s input shapes under the shapes field (the field itself follows the state)."""
         self._model = model
         self.shapes_note.value = shapes_note_html(model)
-        self.shapes.placeholder = _placeholder(model)
+        self.shapes.placeholder = shapes_placeholder(model)
+        self.ranges.placeholder = ranges_placeholder(model)
 
     def _on_source(self, _change: Any = None) -> None:
         for box, name in ((self._random, RANDOM), (self._upload, UPLOAD), (self._path, PATH)):
@@ -196,8 +198,19 @@ def shapes_note_html(model: Any) -> str:
     return f'<div class="wb-culprit">{html.escape(hint)}</div>' if hint else ""
 
 
-def _placeholder(model: Any) -> str:
+def shapes_placeholder(model: Any) -> str:
+    """The shapes field's placeholder: the model's own inputs (``image:[1,4,?,?]``), never names it does not have."""
     if model is None:
-        return "x:[1,3,224,224] ids:[1,128]"
-    return "the model's input shapes are fixed: nothing to fill" if not shapes_template(model) else \
-        "x:[1,3,224,224] ids:[1,128]"
+        return "load a model: its inputs' shapes are filled in here"
+    template = shapes_template(model)
+    return f"{template} (fill each ?)" if template else "the model's input shapes are fixed: nothing to fill"
+
+
+def ranges_placeholder(model: Any) -> str:
+    """The value-ranges field's placeholder on the model's first input (``image:[0,1]``)."""
+    from ..inputs.spec import model_inputs
+
+    specs = [s for s in model_inputs(model) if s.dtype is not None] if model is not None else []
+    return f"{specs[0].name}:[0,1] (optional: the random values' range per input)" if specs else \
+        "NAME:[0,1] (optional: the random values' range per input)"
+

@@ -64,8 +64,7 @@ class RepairPanel(PairedPanel, widgets.VBox):
         self.engines = self.pair.engines
         self.ref_engine, self.ref_variant = self.pair.ref_engine, self.pair.ref_variant
         self.cand_engine, self.cand_variant = self.pair.cand_engine, self.pair.cand_variant
-        self.cand_file = widgets.Text(placeholder="optional: your own converted model (.onnx) as the candidate",
-                                      description="cand. file", layout=widgets.Layout(width="520px"))
+        self._make_cand_file()
         self.engine_note = widgets.HTML()
         self.inputs = compare.inputs if compare is not None else InputsBox(state=self.state)
         self.target = widgets.Text(
@@ -98,6 +97,7 @@ class RepairPanel(PairedPanel, widgets.VBox):
         self._problems: list[str] = []
         self._links: list[Any] = []
         self.pair.observe(self._on_engine)
+        self.cand_file.observe(self._on_engine, "value")
         self.jobs.cancel_button.observe(self._on_job_state, "disabled")
         self.state.observe(self._on_model, "model")
         if compare is not None:
@@ -120,10 +120,14 @@ class RepairPanel(PairedPanel, widgets.VBox):
 
     # --- engines ---------------------------------------------------------------------------------------------
     def _on_engine(self, _change: Any = None) -> None:
-        problems = self.pair.problems(self.state.model)
+        problems = self.pair_problems(self.state.model)
         self._problems = problems
         hint = ""
-        if self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
+        if self._cand_text():
+            hint = message_html(f"the candidate is your file on {self.cand_engine.value} (its precision is read from "
+                                "the file; the precision picker is ignored)"
+                                + (", the file chosen in Compare" if self._links else ""), "info")
+        elif self.cand_engine.value == "ort" and self.cand_variant.value == "fp16":
             hint = message_html("ONNX Runtime's CPU provider computes most FP16 ops in FP32: the repair fixes what "
                                 "it shows (converter clamps, FP16 storage overflow); 'ref' + fp16 emulates FP16 "
                                 "arithmetic", "info")
@@ -134,8 +138,9 @@ class RepairPanel(PairedPanel, widgets.VBox):
         self.run_button.disabled = bool(self._problems) or self.jobs.running
 
     def link_compare(self, compare: Any) -> None:
-        """Keep the engine pickers in step with ``compare``'s (both ways; ``compare``'s current choice first)."""
-        for name in ("ref_engine", "ref_variant", "cand_engine", "cand_variant"):
+        """Keep the engine pickers and the candidate file in step with ``compare``'s (both ways; ``compare``'s
+        current choice first): Repair repairs the candidate Compare compares, the user's own file included."""
+        for name in ("ref_engine", "ref_variant", "cand_engine", "cand_variant", "cand_file"):
             self._links.append(widgets.link((getattr(compare, name), "value"), (getattr(self, name), "value")))
 
     def link_graph(self, graph: Any) -> None:
@@ -148,10 +153,7 @@ class RepairPanel(PairedPanel, widgets.VBox):
         if self._problems:
             raise InputError(self._problems[0], "pick engines that run here")
         model = self.state.require_model()
-        text = self.cand_file.value.strip()
-        cand_model = str(Path(text).expanduser()) if text else None
-        if cand_model is not None and not Path(cand_model).is_file():
-            raise InputError(f"candidate file {cand_model} not found", "type the path of your converted .onnx")
+        cand_model = self.candidate_file()
         return {"model": model, "reference": self.reference, "candidate": self.candidate, "cand_model": cand_model,
                 "feed_options": self.inputs.feed_options(), "target": self.target.value.strip() or None,
                 "metric": self.metric.value.strip() or None}
@@ -171,8 +173,10 @@ class RepairPanel(PairedPanel, widgets.VBox):
             return None
         max_builds = int(self.max_builds.value)
         stem = (self.state.model.name.rsplit(".", 1)[0] or "model") + ".repaired.onnx"
-        self._clear(message_html(f"repairing {o['candidate']} against {o['reference']} on "
-                                 f"{html.unescape(self.inputs.describe())}...", "info"))
+        named = f"{Path(o['cand_model']).name} on {o['candidate']}" if o["cand_model"] else o["candidate"]
+        what = f"{named} against {o['reference']} on {html.unescape(self.inputs.describe())}"
+        run = self.state.begin_run("repair", what)
+        self._clear(message_html(f"{run.tag}: repairing {what}...", "info"))
 
         def work(progress, cancel):
             folder = Path(tempfile.mkdtemp(prefix="repair-", dir=parent))
@@ -185,10 +189,19 @@ class RepairPanel(PairedPanel, widgets.VBox):
                 raise
             if cancel.is_set():  # finished as Cancel was pressed: the result is dropped, so is its file
                 shutil.rmtree(folder, ignore_errors=True)
-            return result
+            return result, checker_errors(o["model"].proto)  # the original's own: not the repair's doing
+
+        def done(value):
+            result, original = value
+            self.state.end_run(run, "done", result)
+            self.show_result(result, original_errors=original)
+
+        def failed(e):
+            self.state.end_run(run, "cancelled" if self.jobs.cancelled else "failed", error=str(e))
+            self._clear("")  # the reason is in the status line above; a Cancel is said by _on_job_state
 
         self.run_button.disabled = True
-        thread = self.jobs.start("repair", work, self.show_result, lambda _e: self._clear(""))
+        thread = self.jobs.start("repair", work, done, failed)
         self._sync_run()
         return thread
 
@@ -197,7 +210,9 @@ class RepairPanel(PairedPanel, widgets.VBox):
         leaves the results area cleared and says so."""
         self._sync_run()
         if change["new"] and self.jobs.cancelled and self.stale:
-            self._clear(message_html("repair cancelled: the results area was cleared (no current result)", "warn"))
+            run = self.state.current_run("repair")
+            self._clear(message_html(f"{run.tag + ' (repair)' if run is not None else 'repair'} cancelled: the "
+                                     "results area was cleared (no current result)", "warn"))
 
     def cancel(self) -> None:
         self.jobs.cancel()
@@ -222,12 +237,15 @@ class RepairPanel(PairedPanel, widgets.VBox):
     def _on_kept(self, change: dict) -> None:
         self.highlight = highlight_ids(change["new"])
 
-    def show_result(self, result: Any) -> None:
-        """Show a :class:`~workbench.repair.result.RepairResult` (what a finished run calls)."""
+    def show_result(self, result: Any, original_errors: list[str] | None = None) -> None:
+        """Show a :class:`~workbench.repair.result.RepairResult` (what a finished run calls); ``original_errors``:
+        what onnx's checker says of the original model (so its errors are not shown as the repair's)."""
         from ..plots.repair import repair_outputs_figure
 
         doc = result.to_json()
-        self.summary.value = summary_html(doc)
+        run = self.state.run_of(result)
+        self.summary.value = (f'<div class="wb-run">{html.escape(run.tag)}</div>' if run is not None else "") + \
+            summary_html(doc)
         label = "kept in reference precision" if doc.get("kind") == "float" else "Q/DQ removed around"
         buttons = []
         for node in doc.get("kept") or []:
@@ -248,7 +266,7 @@ class RepairPanel(PairedPanel, widgets.VBox):
         except Exception as e:  # noqa: BLE001 - a figure that cannot be drawn is a message, the rest stays
             log.warning("repair figure not drawn: %s", e)
             clear(self.chart)
-        self.details.value = details_html(doc)
+        self.details.value = details_html(doc, original_errors)
         path = Path(result.model_path) if result.model_path else None
         self.model_file = path
         self.download.value = download_html(path, "Download the repaired model") if path else ""
@@ -370,9 +388,42 @@ def outputs_html(doc: dict) -> str:
     return '<div class="wb-h">Outputs before and after</div>' + table
 
 
-def details_html(doc: dict) -> str:
-    """The share of weight bytes still in the candidate precision, the verification lines, onnx's checker and
-    the notes."""
+def checker_errors(proto: Any) -> list[str] | None:
+    """onnx's checker errors on ``proto`` (None when it could not be checked)."""
+    from ..model.validate import validate
+
+    try:
+        _, problems = validate(proto)
+    except Exception as e:  # noqa: BLE001 - a hint only
+        log.info("the original model was not checked: %s", e)
+        return None
+    return [p.message for p in problems if p.severity == "error"]
+
+
+def _at_floor_outputs(doc: dict, v: dict, metric: str | None) -> list[str]:
+    """The outputs of a verification that miss the target's threshold yet pass, because they are at their
+    precision floor (the format cannot do better)."""
+    from ..compare.criterion import Criterion
+
+    text = (doc.get("target") or {}).get("criterion")
+    if not text or not metric:
+        return []
+    try:
+        crit = Criterion.parse(text)
+    except Exception:  # noqa: BLE001 - an old or odd document
+        return []
+    out = []
+    for name, m in (v.get("outputs") or {}).items():
+        value = m.get(metric)
+        if isinstance(value, (int, float)) and not m.get("diverged") and crit.fails({metric: value}):
+            out.append(f"{name} {metric} {fmt(value)}")
+    return out
+
+
+def details_html(doc: dict, original_errors: list[str] | None = None) -> str:
+    """The share of weight bytes still in the candidate precision, the verification lines (an output met only at
+    its precision floor said so), onnx's checker (errors the original model already had said so) and the
+    notes."""
     lines = []
     weights = doc.get("weights") or {}
     family = str(weights.get("family") or "candidate").upper()
@@ -391,15 +442,30 @@ def details_html(doc: dict) -> str:
                          f"<b class='wb-bad'>could not run</b> ({html.escape(str(v['error']))})")
             continue
         state = "met" if v.get("met") else "<b class='wb-bad'>NOT met</b>"
+        floor = _at_floor_outputs(doc, v, metric) if v.get("met") else []
+        if floor:
+            target = (doc.get("target") or {}).get("criterion")
+            state = (f"met at the precision floor: {html.escape(', '.join(floor))} misses the target "
+                     f"{html.escape(str(target))}, but only by what the candidate's format cannot hold (the "
+                     "reference itself held in that format does no better)")
         outs = ", ".join(f"{o} {metric} {fmt(m.get(metric))}" for o, m in (v.get("outputs") or {}).items()
                          if metric)
         lines.append(f"verified on {html.escape(role)} ({html.escape(str(v.get('engine')))}): {state}"
                      + (f" ({html.escape(outs)})" if outs else ""))
     checker = doc.get("checker") or {}
     if checker:
-        lines.append("onnx checker: ok" if checker.get("ok") else
-                     "onnx checker: <b class='wb-bad'>" + html.escape("; ".join(checker.get("errors") or []))
-                     + "</b>")
+        errors = list(checker.get("errors") or [])
+        had = [e for e in errors if original_errors is not None and e in original_errors]
+        new = [e for e in errors if e not in had]
+        if checker.get("ok") or not errors:
+            lines.append("onnx checker: ok (the repaired model)")
+        if had:
+            lines.append("onnx checker: the original model already fails it the same way (not caused by the "
+                         "repair): " + html.escape("; ".join(had)))
+        if new:
+            lines.append("onnx checker on the repaired model: <b class='wb-bad'>" + html.escape("; ".join(new))
+                         + "</b>" + ("" if original_errors is not None else
+                                     " (the original model was not checked)"))
     out = '<div class="wb-culprit">' + "<br>".join(lines) + "</div>"
     return out + "".join(message_html(n, "info") for n in doc.get("notes") or [])
 

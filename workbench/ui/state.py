@@ -1,5 +1,6 @@
-"""What the panels share: the model, its inspection, the latest comparison, calibration and engine graph, the
-selected node."""
+"""What the panels share: the model, its inspection, the runs (:mod:`workbench.ui.runs`: every comparison,
+calibration, repair, dataset run and engine inspection with its id and status), the current comparison,
+calibration and engine graph, the selected node."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from traitlets import HasTraits, Unicode, observe
 from ..errors import WorkbenchError
 from ..inspection import inspect_model
 from ..model.load import load_model
+from .runs import Run, RunLog
+from .runs import comparison_text as comparison_label
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,8 @@ class WorkbenchState(HasTraits):
     input_shapes = Unicode("")
     #: the finished comparisons of this session, oldest first (at most HISTORY_SIZE): pick two to diff them
     history = AnyTrait((), allow_none=False)
+    #: every run of this session (a :class:`~workbench.ui.runs.RunLog`; replaced on each transition)
+    runs = AnyTrait(None, allow_none=True)
 
     @classmethod
     def of(cls, source: Any = None, *, state: WorkbenchState | None = None, **load_kwargs: Any) -> WorkbenchState:
@@ -72,7 +77,50 @@ class WorkbenchState(HasTraits):
 
     @observe("result")
     def _on_result(self, change: dict) -> None:
-        self.remember(change["new"])
+        result = change["new"]
+        if result is not None and self.run_of(result) is None:  # set directly (a result opened, a dataset sample)
+            self.runs, _ = self.log.start("comparison", comparison_label(result), result, status="done")
+        self.remember(result)
+
+    @observe("calibration", "engine_graph")
+    def _on_value(self, change: dict) -> None:
+        value, kind = change["new"], _KIND_OF[change["name"]]
+        if value is not None and self.run_of(value) is None:
+            self.runs, _ = self.log.start(kind, "", value, status="done")
+
+    # --- runs ------------------------------------------------------------------------------------------------
+    @property
+    def log(self) -> RunLog:
+        if self.runs is None:
+            self.runs = RunLog()
+        return self.runs
+
+    def begin_run(self, kind: str, label: str = "") -> Run:
+        """A new run of ``kind`` starts: it becomes the current run of its kind, and the previous one's value
+        (the comparison, calibration or engine graph) is dropped everywhere."""
+        self.runs, run = self.log.start(kind, label)
+        slot = _SLOT_OF.get(kind)
+        if slot is not None:
+            setattr(self, slot, None)
+        return run
+
+    def end_run(self, run: Run | int, status: str, result: Any = None, error: str = "") -> Run:
+        """Run ``run`` ended ``status`` ("done" with its ``result``, "cancelled", "failed" with ``error``); a done
+        run's result becomes the state's current one of its kind when the run is still the newest of its kind."""
+        run_id = run if isinstance(run, int) else run.id
+        self.runs, ended = self.log.end(run_id, status, result, error)
+        slot = _SLOT_OF.get(ended.kind)
+        if slot is not None and status == "done" and self.current_run(ended.kind) is ended:
+            setattr(self, slot, result)
+        return ended
+
+    def current_run(self, kind: str) -> Run | None:
+        """The newest run of ``kind`` (running, done, cancelled or failed), None before the first."""
+        return self.log.latest(kind)
+
+    def run_of(self, value: Any) -> Run | None:
+        """The run whose result is ``value`` (a comparison, calibration, engine graph...), None if none."""
+        return self.log.of_result(value) if self.runs is not None else None
 
     def remember(self, result: Any) -> None:
         """Add a finished comparison to :attr:`history` (the oldest dropped past HISTORY_SIZE)."""
@@ -110,3 +158,9 @@ class WorkbenchState(HasTraits):
         text = (typed or "").strip()
         path = Path(text).expanduser() if text else Path(default_name)
         return path if path.is_absolute() else self.out_dir() / path
+
+
+#: the state trait holding the current value of a kind of run, and back
+_SLOT_OF = {"comparison": "result", "calibration": "calibration", "engine": "engine_graph"}
+_KIND_OF = {v: k for k, v in _SLOT_OF.items()}
+

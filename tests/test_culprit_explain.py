@@ -1,0 +1,56 @@
+"""A culprit's explanation agrees with its measured impact: a node whose fix gains something on the outputs is not
+blamed on the format's floor in the same card, and an unbounded gain reads in words (never "inf dB")."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from workbench.compare.explain import FLOOR_BLAME, explain, gain_text, reconcile
+from workbench.compare.impact import impact_record
+from workbench.compare.result import Culprit
+from workbench.compare.text import _impact
+from workbench.core.metrics import ErrorStats
+
+FLOOR = {"format": "fp16", "share_flushed": 0.99, "sqnr_db": 40.0}
+
+
+def _culprit(after_db: float) -> Culprit:
+    """A Sigmoid whose reference values mostly flush to zero in FP16 (the explanation blames the format), with the
+    impact measured on one output from 20 dB before the fix to ``after_db`` after it."""
+    ref = np.full(1000, 1e-9, np.float32)
+    ref[:10] = 0.5
+    stats = ErrorStats().update(ref, ref.astype(np.float16).astype(np.float32))
+    text = explain("/head/Sigmoid", "fp16", stats, stats.metrics(), [], tensor="/head/Sigmoid_output_0",
+                   floor=FLOOR, op_type="Sigmoid")
+    assert FLOOR_BLAME in text, text
+    impact = impact_record("sqnr_db", {"out": {"sqnr_db": 20.0, "nonfinite_mismatch": 0}},
+                           {"out": {"sqnr_db": after_db, "nonfinite_mismatch": 0}})
+    return Culprit("/head/Sigmoid", "Sigmoid", "/head/Sigmoid_output_0", 3, stats.metrics(), stats.metrics(), True,
+                   explanation=text, floor=FLOOR, impact=impact)
+
+
+def test_a_harmful_culprit_is_not_blamed_on_the_format():
+    c = _culprit(math.inf)  # fixing it makes the output exact: it matters
+    assert c.impact["best_gain_db"] == math.inf and not c.harmless
+    reconcile(c)
+    assert "not the node" not in c.explanation and FLOOR_BLAME not in c.explanation
+    assert "flush to zero" in c.explanation  # the fact stays, the blame goes
+    assert "match the reference exactly" in c.explanation and "it adds error beyond that floor" in c.explanation
+    assert "inf dB" not in _impact(c) and "match the reference exactly" in _impact(c)
+
+
+def test_a_harmless_culprit_keeps_the_format_blame():
+    c = _culprit(21.0)  # fixing it gains 1 dB: harmless, the format's floor is the reason
+    assert c.harmless
+    before = c.explanation
+    reconcile(c)
+    assert c.explanation == before and "not the node" in c.explanation
+
+
+def test_gain_text_says_unbounded_and_lost_gains_in_words():
+    assert gain_text(12.34) == "fixing it gains 12.3 dB on the outputs"
+    assert "exactly" in gain_text(math.inf) and "inf" not in gain_text(math.inf)
+    assert gain_text(-math.inf) == "fixing it alone makes the outputs worse"
+    assert gain_text(None) == gain_text(math.nan) == "what fixing it gains was not measured"
