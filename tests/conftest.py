@@ -87,6 +87,15 @@ def fetch_model():
     return load_file(REPO / "scripts" / "fetch_models.py").fetch
 
 
+@pytest.fixture(scope="session")
+def jupyter_lab():
+    """One JupyterLab per test worker, shared by the browser modules (tests/browser_support.py: shared_lab)."""
+    from browser_support import shared_lab
+
+    with shared_lab() as lab:
+        yield lab
+
+
 @pytest.fixture
 def chdir_tmp(tmp_path, monkeypatch):
     """Run in an empty working directory, to prove nothing is written there."""
@@ -94,3 +103,15 @@ def chdir_tmp(tmp_path, monkeypatch):
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     return cwd
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh): each browser module's tests stay on one worker
+    (one JupyterLab and Chromium per module, not one per worker), and slow and browser tests are handed out first,
+    so that no long test starts last and leaves the other worker idle."""
+    for item in items:
+        if item.get_closest_marker("browser") is not None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    heavy = [i for i in items if i.get_closest_marker("slow") or i.get_closest_marker("browser")]
+    if heavy:
+        items[:] = heavy + [i for i in items if not (i.get_closest_marker("slow") or i.get_closest_marker("browser"))]

@@ -1,4 +1,4 @@
-"""The graph view in a real browser (JupyterLab + headless Chromium, one server for the module; issue 13, "Graph"):
+"""The graph view in a real browser (JupyterLab + headless Chromium, the worker's server; issue 13, "Graph"):
 the minimap moves the view, PNG and SVG export download the current view, edges show their tensor's dtype and
 shape (labels when zoomed in, a tooltip on hover), a 5,000-node model without node names renders, searches
 and selects (the times are printed, benchmarks/bench_ui.py measures them: no test bounds a time), and the
@@ -77,13 +77,12 @@ def artifacts() -> Path:
 
 
 @pytest.fixture(scope="module")
-def graphs(artifacts):
-    """One JupyterLab, one notebook: the 5,000-node panel (its display timed), the small one and one with a long
-    name and long attribute values."""
-    B.require_browser()
+def graphs(artifacts, jupyter_lab):
+    """The worker's JupyterLab, one notebook: the 5,000-node panel (its display timed), the small one and one with a
+    long name and long attribute values."""
     import onnx
 
-    lab = H.JupyterLab(notebooks=[])
+    lab = jupyter_lab
     big, small, wide = lab.root / "unnamed_5000.onnx", lab.root / "small.onnx", lab.root / "long.onnx"
     onnx.save(unnamed_model(5000), big)
     onnx.save(small_model(), small)
@@ -95,7 +94,7 @@ def graphs(artifacts):
         f"small = GraphPanel({str(small)!r}, height=360)\nsmall",
         f"wide = GraphPanel({str(wide)!r}, height=300)\nwide",
     ])
-    with B.lab_browser(lab, artifacts) as (page, errors):
+    with B.lab_browser(lab, artifacts, shared=True) as (page, errors):
         H.open_notebook(page, lab, name)
         H.run_cell(page, 0, wait=True)
         timing = H.time_cell(page, 1, {"render_s": ".wb-graph[data-ready='1']"})
