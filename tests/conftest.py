@@ -106,12 +106,10 @@ def chdir_tmp(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh): each browser module's tests stay on one worker
-    (one JupyterLab and Chromium per module, not one per worker), and slow and browser tests are handed out first,
-    so that no long test starts last and leaves the other worker idle."""
-    for item in items:
-        if item.get_closest_marker("browser") is not None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    heavy = [i for i in items if i.get_closest_marker("slow") or i.get_closest_marker("browser")]
-    if heavy:
-        items[:] = heavy + [i for i in items if not (i.get_closest_marker("slow") or i.get_closest_marker("browser"))]
+    """Slow and browser tests first: under pytest-xdist (``-n 2 --dist loadscope``, scripts/test.sh: a module's tests
+    on one worker, so its module fixtures, a browser page among them, are made once) the modules holding them are
+    handed out first, so that no long module starts last and leaves the other worker idle."""
+    def heavy(item) -> bool:
+        return item.get_closest_marker("slow") is not None or item.get_closest_marker("browser") is not None
+
+    items[:] = [i for i in items if heavy(i)] + [i for i in items if not heavy(i)]
