@@ -106,10 +106,12 @@ def chdir_tmp(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow and browser tests first: under pytest-xdist (``-n 2 --dist loadscope``, scripts/test.sh: a module's tests
-    on one worker, so its module fixtures, a browser page among them, are made once) the modules holding them are
-    handed out first, so that no long module starts last and leaves the other worker idle."""
-    def heavy(item) -> bool:
-        return item.get_closest_marker("slow") is not None or item.get_closest_marker("browser") is not None
+    """Modules with slow or browser tests first (each module's tests kept together, in their order): under
+    pytest-xdist (``-n 2 --dist loadscope``, scripts/test.sh: a module's tests on one worker, so its module fixtures,
+    a browser page among them, are made once) they are handed out first, so that no long module starts last and
+    leaves the other worker idle."""
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
 
-    items[:] = [i for i in items if heavy(i)] + [i for i in items if not heavy(i)]
+    heavy = {module(i) for i in items if i.get_closest_marker("slow") or i.get_closest_marker("browser")}
+    items.sort(key=lambda i: module(i) not in heavy)  # stable: the collection order otherwise
