@@ -11,4 +11,4 @@ if ! command -v chromium >/dev/null 2>&1; then
     >/dev/null 2>&1 || echo "warning: could not install chromium; browser tests will be skipped" >&2
 fi
 ruff check .
-python -m pytest -n 2 --timeout 600 "$@"
+python -m pytest -n 2 --dist loadscope --timeout 600 "$@"

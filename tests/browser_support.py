@@ -36,13 +36,50 @@ def require_browser() -> None:
 
 
 @contextlib.contextmanager
-def lab_browser(lab, artifacts: Path):
+def shared_lab():
+    """The JupyterLab of one test worker, shared by its browser modules (the ``jupyter_lab`` fixture of conftest.py):
+    starting one is the slow part of a browser module. Each module writes its own notebooks into it, and
+    :func:`lab_browser` gives each module its page on the light theme and shuts its kernels down after it."""
+    require_browser()
+    with H.JupyterLab() as lab:
+        yield lab
+
+
+def _lab_api(lab, method: str, path: str, body: dict | None = None):
+    import json
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{lab.url}{path}?token={lab.token}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        text = response.read()
+    return json.loads(text) if text else None
+
+
+def _fresh_module(lab) -> None:
+    """A shared server as a module expects a new one: the light theme (a module may leave the dark one set)."""
+    _lab_api(lab, "PUT", "/lab/api/settings/@jupyterlab/apputils-extension:themes",
+             {"raw": '{"theme": "JupyterLab Light"}'})
+
+
+def _stop_kernels(lab) -> None:
+    for kernel in _lab_api(lab, "GET", "/api/kernels") or []:
+        with contextlib.suppress(OSError):
+            _lab_api(lab, "DELETE", f"/api/kernels/{kernel['id']}")
+
+
+@contextlib.contextmanager
+def lab_browser(lab, artifacts: Path, shared: bool = False):
     """``(page, errors)``: a 1400x1000 Chromium page (60 s default timeout, downloads accepted) with ``lab`` (an
-    ``H.JupyterLab``) running; page errors collected in ``errors``; a screenshot on a setup failure; the server log
-    saved."""
+    ``H.JupyterLab``) running (``shared``: already running, from :func:`shared_lab`: set to the light theme first,
+    its kernels shut down after); page errors collected in ``errors``; a screenshot on a setup failure; the server
+    log saved."""
     from playwright.sync_api import sync_playwright
 
-    with lab, sync_playwright() as p:
+    if shared:
+        _fresh_module(lab)
+    with contextlib.nullcontext(lab) if shared else lab, sync_playwright() as p:
         browser = H.launch(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
         page.set_default_timeout(60_000)
@@ -56,22 +93,27 @@ def lab_browser(lab, artifacts: Path):
         finally:
             (artifacts / "jupyterlab.log").write_bytes(lab.log_path.read_bytes())
             browser.close()
+            if shared:
+                with contextlib.suppress(OSError):
+                    _stop_kernels(lab)
 
 
 def module_fixtures(name: str, notebooks: tuple[str, ...] = ()):
     """The module-scoped fixtures most browser modules need: ``artifacts`` (the screenshot folder NAME) and
-    ``lab_page`` ((lab, page, errors): a JupyterLab serving ``notebooks`` and a Chromium page on it). Use as
-    ``artifacts, lab_page = B.module_fixtures("browser-errors")``."""
+    ``lab_page`` ((lab, page, errors): the worker's shared JupyterLab, ``notebooks`` copied into it, and a Chromium
+    page on it). Use as ``artifacts, lab_page = B.module_fixtures("browser-errors")``."""
     @pytest.fixture(scope="module")
     def artifacts() -> Path:
         return artifacts_folder(name)
 
     @pytest.fixture(scope="module")
-    def lab_page(artifacts):
-        require_browser()
-        lab = H.JupyterLab(notebooks=list(notebooks))
-        with lab_browser(lab, artifacts) as (page, errors):
-            yield lab, page, errors
+    def lab_page(artifacts, jupyter_lab):
+        import shutil
+
+        for name in notebooks:  # a fresh copy: the browser autosaves what a module ran
+            shutil.copy(REPO / "notebooks" / name, jupyter_lab.root / "notebooks" / name)
+        with lab_browser(jupyter_lab, artifacts, shared=True) as (page, errors):
+            yield jupyter_lab, page, errors
 
     return artifacts, lab_page
 

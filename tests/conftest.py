@@ -87,6 +87,15 @@ def fetch_model():
     return load_file(REPO / "scripts" / "fetch_models.py").fetch
 
 
+@pytest.fixture(scope="session")
+def jupyter_lab():
+    """One JupyterLab per test worker, shared by the browser modules (tests/browser_support.py: shared_lab)."""
+    from browser_support import shared_lab
+
+    with shared_lab() as lab:
+        yield lab
+
+
 @pytest.fixture
 def chdir_tmp(tmp_path, monkeypatch):
     """Run in an empty working directory, to prove nothing is written there."""
@@ -94,3 +103,15 @@ def chdir_tmp(tmp_path, monkeypatch):
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     return cwd
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with slow or browser tests first (each module's tests kept together, in their order): under
+    pytest-xdist (``-n 2 --dist loadscope``, scripts/test.sh: a module's tests on one worker, so its module fixtures,
+    a browser page among them, are made once) they are handed out first, so that no long module starts last and
+    leaves the other worker idle."""
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    heavy = {module(i) for i in items if i.get_closest_marker("slow") or i.get_closest_marker("browser")}
+    items.sort(key=lambda i: module(i) not in heavy)  # stable: the collection order otherwise

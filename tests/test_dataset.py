@@ -301,8 +301,10 @@ def test_rec_layer_statistics_identical_with_workers(fetch_model, rec_images, tm
 
 
 @pytest.mark.slow
-def test_readme_dataset_workflow_runs_as_written(tmp_path):
-    """The README's three dataset commands, verbatim (their /tmp outputs moved into this test's folder)."""
+def test_readme_dataset_workflow_runs_as_written(tmp_path, model_cache, fetch_model):
+    """The README's three dataset commands, verbatim (their /tmp outputs moved into this test's folder, and the
+    README's .cache/models/ into the model cache, which $WORKBENCH_CACHE may put elsewhere)."""
+    fetch_model("ppocr-rec")
     import re
     import shlex
 
@@ -311,7 +313,8 @@ def test_readme_dataset_workflow_runs_as_written(tmp_path):
     commands = [c.split("  #")[0].strip() for c in block.replace("\\\n", " ").splitlines() if c.strip()]
     assert len(commands) == 3
     for command in commands:
-        argv = [a.replace("/tmp/", f"{tmp_path}/") for a in shlex.split(command)]
+        argv = [a.replace("/tmp/", f"{tmp_path}/").replace(".cache/models/", f"{model_cache}/")
+                for a in shlex.split(command)]
         argv[0] = sys.executable if argv[0] == "python" else str(Path(sys.executable).with_name(argv[0]))
         p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
         assert p.returncode in (0, 1), f"{command}\n{p.stderr[-2000:]}"

@@ -210,10 +210,9 @@ def test_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, time; t = time.perf_counter(); import workbench; dt = time.perf_counter() - t; "
-            "heavy = [m for m in ('torch', 'tensorrt', 'openvino', 'ipywidgets', 'onnxruntime') if m in sys.modules]; "
-            "print(dt, heavy)")
+    # what it imports, not how long that took (a loaded machine slows any import)
+    code = ("import sys; import workbench; heavy = [m for m in ('torch', 'tensorrt', 'openvino', 'ipywidgets', "
+            "'onnxruntime', 'plotly', 'scipy', 'pandas', 'ray') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}).stdout.split(maxsplit=1)
-    assert float(out[0]) < 0.5
-    assert out[1].strip() == "[]"
+                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}).stdout
+    assert out.strip() == "[]"

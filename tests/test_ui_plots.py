@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -175,12 +174,11 @@ def test_error_ratio_is_relative_to_the_tolerance(clamp_result):
     assert error_ratio({"cosine": 0.99}, Criterion("cosine", 0.999)) == pytest.approx(1)
 
 
-def test_layered_layout_is_fast_and_legible():
+def test_layered_layout_is_legible():
+    """5,000 nodes laid out in layers, none overlapping (how fast: benchmarks/bench_ui.py's python_layout_s)."""
     graph = _synthetic(5000)
     view = GraphView.from_graph(graph)
-    t0 = time.perf_counter()
     x, layer = layered_layout(len(view.names), view.edges)
-    assert time.perf_counter() - t0 < 2.0
     assert all(layer[u] < layer[v] for u, v in view.edges)
     rows: dict[int, list[float]] = {}
     for xi, li in zip(x, layer):

@@ -120,28 +120,42 @@ def _options(engine: str, optimization: str | None, threads: int | None, options
 
 
 def _notes(graph: EngineGraph) -> None:
-    """What a reader should know about the numbers: fallbacks, unmapped nodes, overlapping node times."""
+    """What a reader should know about the numbers: fallbacks, unmapped nodes, then :func:`timing_notes`."""
     falls = graph.fallbacks()
     if falls:
         graph.notes.append(f"{len(falls)} node(s) fell back from {graph.details.get('requested_provider')} to another "
                            f"provider: {', '.join(sorted({n.provider for n in falls}))} (e.g. {falls[0].name})")
     if graph.unmapped:
         graph.notes.append(f"{len(graph.unmapped)} ONNX node(s) mapped to no executed node (see 'unmapped')")
+    graph.notes.extend(timing_notes(graph))
+
+
+#: the profiler's cost per run, as a share of an unprofiled run, above which a note says so
+PROFILER_COST_NOTED = 0.15
+#: per-node times adding up to less (more) than this share of a run get a note (the engine's overhead; overlap)
+SHARE_NOTED = (0.85, 1.05)
+
+
+def timing_notes(graph: EngineGraph) -> list[str]:
+    """The notes derived from the graph's measured times alone (the profiler's cost, node times against the run):
+    which appear depends on the machine's load, and each follows from the numbers the graph holds."""
+    notes = []
     plain, cost = graph.details.get("unprofiled_wall_ms"), graph.overhead.get("profiler_ms")
-    if plain and cost is not None and cost > 0.15 * plain:
+    if plain and cost is not None and cost > PROFILER_COST_NOTED * plain:
         per_node = 1e3 * cost / max(1, len(graph.nodes))
-        graph.notes.append(f"the profiler made each run {cost:.3g} ms slower ({(plain + cost) / plain:.2f}x the "
-                           f"unprofiled {plain:.3g} ms): each node's time includes about {per_node:.1f} us of its "
-                           "cost, which matters for short kernels")
+        notes.append(f"the profiler made each run {cost:.3g} ms slower ({(plain + cost) / plain:.2f}x the "
+                     f"unprofiled {plain:.3g} ms): each node's time includes about {per_node:.1f} us of its "
+                     "cost, which matters for short kernels")
     share = graph.latency_share
     if share is not None and not graph.compute_nodes:  # an Identity-only model: nothing ran, 0% says nothing
-        graph.notes.append("the engine executed no compute node (the graph was folded away while building): a run "
-                           "is all the engine's own overhead; see 'overhead'")
-    elif share is not None and share > 1.05:
-        graph.notes.append(f"per-node times add up to {share:.0%} of a run: the engine ran nodes concurrently (more "
-                           "than one thread), so they overlap")
-    elif share is not None and share < 0.85:
+        notes.append("the engine executed no compute node (the graph was folded away while building): a run "
+                     "is all the engine's own overhead; see 'overhead'")
+    elif share is not None and share > SHARE_NOTED[1]:
+        notes.append(f"per-node times add up to {share:.0%} of a run: the engine ran nodes concurrently (more "
+                     "than one thread), so they overlap")
+    elif share is not None and share < SHARE_NOTED[0]:
         with_dispatch = (f"; with the dispatch time before each node (dispatch_ms) they account for "
                          f"{graph.accounted_share:.0%}" if graph.accounted_share else "")
-        graph.notes.append(f"per-node times add up to {share:.0%} of a run: the rest is the engine's own overhead "
-                           f"between nodes (and the profiler's){with_dispatch}; see 'overhead'")
+        notes.append(f"per-node times add up to {share:.0%} of a run: the rest is the engine's own overhead "
+                     f"between nodes (and the profiler's){with_dispatch}; see 'overhead'")
+    return notes

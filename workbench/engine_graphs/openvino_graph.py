@@ -97,7 +97,7 @@ def openvino_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: in
     shares = [sum(c.values()) / total for c, total in zip(counters, totals) if total > 0]
     outside = [max(0.0, total - sum(c.values())) for c, total in zip(counters, totals)]
     counted = len(executed_names)
-    overhead = {"outside_nodes_ms": stats(outside)["median"],
+    overhead = {"outside_nodes_ms": stats(outside)["median"], "outside_nodes_mean_ms": stats(outside)["mean"],
                 "python_call_ms": stats([w - t for w, t in zip(walls, totals)])["median"] if native else None,
                 "counter_resolution_ms": counted * 1e-3,
                 "source": "OpenVINO's run time less its per-node performance counters (its dispatch between "

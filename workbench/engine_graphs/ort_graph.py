@@ -426,6 +426,9 @@ def summarize_profile(profile: dict) -> dict:
             "accounted": stats(accounted)["median"],
             "overhead": {"between_nodes_ms": stats(profile["between"])["median"],
                          "outside_nodes_ms": stats(profile["outside"])["median"],
+                         # means too: with the nodes' mean latencies they add up to the mean run
+                         "between_nodes_mean_ms": stats(profile["between"])["mean"],
+                         "outside_nodes_mean_ms": stats(profile["outside"])["mean"],
                          "source": "ORT profiler: the time between consecutive kernels of a run (allocation, "
                                    "scheduling, fences, the profiler's own bookkeeping), and before the first and "
                                    "after the last"}}

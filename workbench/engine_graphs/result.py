@@ -83,6 +83,7 @@ class EngineGraph:
     #: like ``latency_share`` with each node's dispatch time added (where the engine gives node start times)
     accounted_share: float | None = None
     #: the run's time outside the node times, median per run: ``between_nodes_ms``, ``outside_nodes_ms``, ``source``
+    #: (and their means, ``*_mean_ms``: with the nodes' mean latencies they add up to ``end_to_end_mean_ms``)
     overhead: dict = field(default_factory=dict)
     runs: int = 0
     model: dict = field(default_factory=dict)
