@@ -331,6 +331,10 @@ class GraphPanel(widgets.VBox):
         self.select(name)
         return name
 
+    def reveal(self) -> None:
+        """Scroll the page so the graph is in view (the front end does it once the graph is shown)."""
+        self.canvas.scroll_into_view += 1
+
     def select(self, name: str) -> None:
         """Select node ``name`` here and in every linked panel."""
         if self.state.selected == name:

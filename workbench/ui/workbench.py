@@ -124,8 +124,13 @@ class Workbench(widgets.VBox):
             self.panel(list(PANELS)[index])
 
     def _on_show(self, change: dict) -> None:
+        """A panel asked for another (a click on a kept node, a culprit): bring it forward and scroll it into view
+        where it can (the graph: the page may be scrolled down to the table clicked in)."""
         if change["new"] in PANELS:
-            self.show(change["new"])
+            panel = self.show(change["new"])
+            reveal = getattr(panel, "reveal", None)
+            if callable(reveal):
+                reveal()
 
     # shortcuts for scripts and tests
     @property

@@ -799,6 +799,15 @@ function render({ model, el: host }) {
   model.on("change:match_total", renderMatches);
   model.on("change:query", syncQuery);
   model.on("change:height", () => { setHeight(); resize(); });
+  // scroll the page to the graph: its tab may be made visible in this same update, so wait until it has a size
+  function scrollIntoView(tries = 20) {
+    if (stage.offsetParent === null || stage.clientHeight === 0) {
+      if (tries > 0) requestAnimationFrame(() => scrollIntoView(tries - 1));
+      return;
+    }
+    root.scrollIntoView({ block: "nearest" });
+  }
+  model.on("change:scroll_into_view", () => requestAnimationFrame(() => scrollIntoView()));
   const themeWatch = new MutationObserver(() => { colors = themeColors(); miniBase = null; schedule(); });
   themeWatch.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
 
@@ -813,6 +822,10 @@ function render({ model, el: host }) {
   fit();
   syncSelected(false);
   draw();
+  // asked to be shown before this view existed (its panel built by the tab switch that reveals it)
+  if (model.get("scroll_into_view") > 0) {
+    requestAnimationFrame(() => scrollIntoView());
+  }
   root.dataset.ready = "1";
   // for tests and benchmarks: where a node is drawn (client coordinates), null if unknown
   root.wbNodePosition = (id) => {
