@@ -1,0 +1,57 @@
+"""Issue 22 defect 14 in a real browser (JupyterLab + headless Chromium): scrolled down to the Repair tab's kept
+nodes, a click on one switches to the Graph tab and scrolls the page so the graph's canvas is in view."""
+
+from __future__ import annotations
+
+import browser_support as B
+import pytest
+
+pytestmark = pytest.mark.browser
+
+H = B.H
+CULPRIT = "/bn_big_var/BatchNormalization"
+
+CELLS = [
+    # the Workbench after a repair (run in the kernel: the kept-node buttons are there when it is drawn)
+    'import plotly.io as pio\n\npio.renderers.default = "plotly_mimetype"\nfrom pathlib import Path\n\n'
+    "from workbench import Workbench\n\n"
+    'wb = Workbench(Path("../sample_models/fp16_clamp_constant.onnx").resolve())\n'
+    "wb.graph_panel\nwb.repair_panel.run()\nassert wb.repair_panel.wait(120) and wb.repair_panel.kept\n"
+    'wb.show("repair")\nwb',
+    # room below it, so the page can be scrolled down to the kept nodes as a user reading the results does
+    'from IPython.display import HTML\nHTML(\'<div style="height: 2500px">below</div>\')',
+]
+
+#: the canvas' box against the notebook's scrolled area and the window: [top, bottom, area top, area bottom]
+BOX_JS = """c => { const r = c.getBoundingClientRect();
+  const s = c.closest('.jp-WindowedPanel-outer, .jp-Notebook').getBoundingClientRect();
+  return [r.top, r.bottom, Math.max(0, s.top), Math.min(window.innerHeight, s.bottom)]; }"""
+
+artifacts, lab_page = B.module_fixtures("browser-reveal")
+
+
+def test_a_kept_node_click_scrolls_the_graph_into_view(lab_page, artifacts):
+    lab, page, errors = lab_page
+    name = lab.write_notebook("reveal.ipynb", CELLS)
+    H.open_notebook(page, lab, name)
+    H.run_all(page)
+    wb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output").filter(
+        has=page.locator(".wb-title")).first
+    button = wb.locator("button", has_text=CULPRIT).first
+    button.wait_for(state="visible", timeout=120_000)
+    # scrolled down: the kept node at the top of the view, the Workbench's tab bar above it, out of view (where
+    # the graph's canvas starts when its tab is shown)
+    button.evaluate("b => b.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(300)
+    tabs = wb.locator(".lm-TabBar").first.bounding_box()
+    assert tabs is not None and tabs["y"] < -50, tabs
+    H.screenshot(page, artifacts, "before-click")
+    button.click()
+    canvas = wb.locator(".wb-graph-canvas").first
+    canvas.wait_for(state="visible", timeout=30_000)
+    page.wait_for_function(f"c => {{ const b = ({BOX_JS})(c); return b[0] >= b[2] - 1 && b[1] <= b[3] + 1; }}",
+                           arg=canvas.element_handle(), timeout=10_000)
+    top, bottom, area_top, area_bottom = canvas.evaluate(BOX_JS)
+    H.screenshot(page, artifacts, "after-click")
+    assert area_top - 1 <= top < bottom <= area_bottom + 1, (top, bottom, area_top, area_bottom)
+    assert not errors, errors
