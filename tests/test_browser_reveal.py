@@ -1,5 +1,6 @@
 """Issue 22 defect 14 in a real browser (JupyterLab + headless Chromium): scrolled down to the Repair tab's kept
-nodes, a click on one switches to the Graph tab and scrolls the page so the graph's canvas is in view."""
+nodes, a click on one switches to the Graph tab and scrolls the page so the graph's canvas is in view; the graph's
+legend says what its orange rings mark (defect 15)."""
 
 from __future__ import annotations
 
@@ -54,4 +55,10 @@ def test_a_kept_node_click_scrolls_the_graph_into_view(lab_page, artifacts):
     top, bottom, area_top, area_bottom = canvas.evaluate(BOX_JS)
     H.screenshot(page, artifacts, "after-click")
     assert area_top - 1 <= top < bottom <= area_bottom + 1, (top, bottom, area_top, area_bottom)
+    # defect 15: the orange rings of the kept nodes have their legend entry, an orange ring swatch
+    key = wb.locator(".wb-graph-key-ring").first
+    assert key.is_visible() and key.inner_text().startswith("kept in reference precision (")
+    ring = key.locator(".wb-graph-swatch-ring").evaluate("e => [getComputedStyle(e).borderTopColor, "
+                                                        "getComputedStyle(e).borderRadius]")
+    assert ring == ["rgb(249, 168, 37)", "50%"], ring
     assert not errors, errors

@@ -27,3 +27,16 @@ def test_selecting_a_kept_node_switches_to_the_graph_and_scrolls_it_into_view():
     wb.tabs.selected_index = 0
     wb.tabs.selected_index = 3  # the user's own tab click: the page stays where the user has it
     assert graph.canvas.scroll_into_view == 2
+
+
+def test_the_orange_rings_say_what_they_mark_in_the_graph_legend():
+    """Defect 15: the rings of the kept nodes have a legend entry (the front end draws ``highlight_label`` next to
+    an orange ring swatch, tests/test_browser_reveal.py); a search's rings say they are matches."""
+    wb = Workbench(CLAMP)
+    graph = wb.graph_panel
+    assert graph.canvas.highlight == [] and graph.canvas.highlight_label == ""
+    wb.repair_panel.run()
+    assert wb.repair_panel.wait(120) and wb.repair_panel.kept == [CULPRIT]
+    assert CULPRIT in graph.canvas.highlight and graph.canvas.highlight_label == "kept in reference precision"
+    graph.find("Relu")
+    assert graph.canvas.highlight and graph.canvas.highlight_label == "search match"

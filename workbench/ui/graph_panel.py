@@ -317,7 +317,9 @@ class GraphPanel(widgets.VBox):
         if self.focus is not None:
             self.focus = matches[0]
         self.refresh()
-        self.canvas.highlight = matches[:MAX_MATCHES]
+        with self.canvas.hold_sync():
+            self.canvas.highlight_label = "search match"
+            self.canvas.highlight = matches[:MAX_MATCHES]
         self.select(matches[0])
         return matches
 

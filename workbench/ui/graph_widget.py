@@ -28,6 +28,8 @@ class GraphWidget(anywidget.AnyWidget):
     data = Dict().tag(sync=True)
     selected = Unicode("").tag(sync=True)
     highlight = List(Unicode()).tag(sync=True)
+    #: what the orange rings of ``highlight`` mean, for the legend ("kept in reference precision", "search match")
+    highlight_label = Unicode("").tag(sync=True)
     height = Int(560).tag(sync=True)
     query = Unicode("").tag(sync=True)
     matches = List().tag(sync=True)

@@ -688,6 +688,13 @@ function render({ model, el: host }) {
       item.append(sw, document.createTextNode(label));
       return item;
     });
+    if (highlight.size) {  // the orange rings' key: what they mark (Repair's kept nodes, search matches)
+      const item = el("span", "wb-graph-key wb-graph-key-ring");
+      const sw = el("i", "wb-graph-swatch wb-graph-swatch-ring");
+      item.append(sw, document.createTextNode(`${model.get("highlight_label") || "ringed"} (${highlight.size})`));
+      item.title = "nodes ringed in orange";
+      keys.push(item);
+    }
     if (g.boxes.length) {  // the boxes' key: an outlined swatch
       const item = el("span", "wb-graph-key wb-graph-key-group");
       const sw = el("i", "wb-graph-swatch wb-graph-swatch-group");
@@ -710,6 +717,7 @@ function render({ model, el: host }) {
   }
   function syncHighlight() {
     highlight = new Set((model.get("highlight") || []).map((id) => g.index.get(id)).filter((i) => i !== undefined));
+    renderLegend();
     schedule();
   }
 
@@ -795,6 +803,7 @@ function render({ model, el: host }) {
   model.on("change:data", onData);
   model.on("change:selected", () => syncSelected(true, true));
   model.on("change:highlight", syncHighlight);
+  model.on("change:highlight_label", renderLegend);
   model.on("change:matches", syncMatches);
   model.on("change:match_total", renderMatches);
   model.on("change:query", syncQuery);
