@@ -19,6 +19,9 @@ CELLS = [
     'wb = Workbench(Path("../sample_models/fp16_clamp_constant.onnx").resolve())\n'
     "wb.graph_panel\nwb.repair_panel.run()\nassert wb.repair_panel.wait(120) and wb.repair_panel.kept\n"
     'wb.show("repair")\nwb',
+    # a Workbench after a comparison, on its Compare tab (culprit buttons drawn)
+    'wc = Workbench(Path("../sample_models/fp16_clamp_constant.onnx").resolve())\nwc.compare_panel.run()\n'
+    'assert wc.compare_panel.wait(120) and wc.state.result.culprits\nwc.show("compare")\nwc',
     # room below it, so the page can be scrolled down to the kept nodes as a user reading the results does
     'from IPython.display import HTML\nHTML(\'<div style="height: 2500px">below</div>\')',
 ]
@@ -61,4 +64,26 @@ def test_a_kept_node_click_scrolls_the_graph_into_view(lab_page, artifacts):
     ring = key.locator(".wb-graph-swatch-ring").evaluate("e => [getComputedStyle(e).borderTopColor, "
                                                         "getComputedStyle(e).borderRadius]")
     assert ring == ["rgb(249, 168, 37)", "50%"], ring
+    assert not errors, errors
+
+
+def test_a_culprit_click_scrolls_the_errors_tab_into_view(lab_page, artifacts):
+    """Scrolled down to Compare's culprits, a click on one brings Errors forward with its curve in view."""
+    lab, page, errors = lab_page
+    H.open_notebook(page, lab, lab.write_notebook("reveal-compare.ipynb", CELLS))
+    H.run_all(page)
+    wc = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output").filter(
+        has=page.locator(".wb-title")).nth(1)
+    button = wc.locator("button", has_text=f"#1 {CULPRIT}").first
+    button.wait_for(state="visible", timeout=120_000)
+    button.evaluate("b => b.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(300)
+    tabs = wc.locator(".lm-TabBar").first.bounding_box()
+    assert tabs is not None and tabs["y"] < -50, tabs
+    button.click()
+    curve = wc.locator(".js-plotly-plot").locator("visible=true").first
+    curve.wait_for(state="visible", timeout=60_000)
+    page.wait_for_function(f"c => {{ const b = ({BOX_JS})(c); return b[0] >= b[2] - 1 && b[0] < b[3] - 100; }}",
+                           arg=curve.element_handle(), timeout=10_000)
+    H.screenshot(page, artifacts, "errors-after-click")
     assert not errors, errors

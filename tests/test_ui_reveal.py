@@ -40,3 +40,19 @@ def test_the_orange_rings_say_what_they_mark_in_the_graph_legend():
     assert CULPRIT in graph.canvas.highlight and graph.canvas.highlight_label == "kept in reference precision"
     graph.find("Relu")
     assert graph.canvas.highlight and graph.canvas.highlight_label == "search match"
+
+
+def test_a_culprit_click_switches_to_errors_and_scrolls_to_its_top():
+    """A culprit's button in Compare brings Errors forward: the anchor at the top of its tab scrolls into view."""
+    from workbench.ui.reveal import RevealAnchor
+
+    wb = Workbench(CLAMP)
+    compare = wb.show("compare")
+    compare.show_culprit(CULPRIT)  # what a culprit's button does
+    assert wb.tabs.selected_index == 2 and wb.state.selected == CULPRIT
+    anchor = wb.tabs.children[2].children[0]
+    assert isinstance(anchor, RevealAnchor) and wb.tabs.children[2].children[1] is wb.errors_panel
+    assert anchor.count == 1
+    wb.tabs.selected_index = 1
+    wb.tabs.selected_index = 2  # the user's own tab click: no scroll
+    assert anchor.count == 1
