@@ -360,7 +360,7 @@ def test_plots_and_panel_show_slowest_nodes_with_their_error(fetch_model):
     with_error = [r for r in rows if r["error"] is not None]
     assert with_error and all(r["metric"] == result.criterion.metric for r in with_error)
     fig = slowest_layers(rows, top=8)
-    assert len(fig.data[0].x) == 8 and fig.data[0].marker.colorbar.title.text == result.criterion.metric
+    assert len(fig.data[0].x) == 8 and result.criterion.metric in fig.data[0].marker.colorbar.title.text
     assert {t.name for t in latency_by_node(graph, "precision").data} == {"f32"}
     panel = EnginePanel(path)
     panel.state.result = result

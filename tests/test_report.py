@@ -3,6 +3,7 @@ real headless Chromium with the network off."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -15,6 +16,7 @@ from conftest import SAMPLES
 
 from workbench.cli import main
 from workbench.compare.api import compare
+from workbench.compare.explain import gain_text
 from workbench.plots import compare as plots
 from workbench.report import capture_tensors, write_report
 
@@ -124,7 +126,7 @@ def test_report_is_self_contained(clamp, tmp_path):
     culprits = _section(body, "Culprits")
     assert '<span class="verdict bad">harmful</span>' in culprits
     gain = result.culprits[0].impact["best_gain_db"]
-    assert f"fixing it gains {gain:.4g} dB on the outputs" in culprits
+    assert html.escape(gain_text(gain), quote=True) in culprits
     assert "FP16 floor (reference held in FP16)" in body  # the per-layer curve carries the floor band
     assert "Content-Security-Policy" in text and "default-src 'none'" in text
     # no external resource: no src/href to anything, no stylesheet link, no CSS import or url()
@@ -135,6 +137,22 @@ def test_report_is_self_contained(clamp, tmp_path):
     embedded = re.search(r'<script type="application/json" id="workbench-result">(.*?)</script>', text, re.S)
     assert json.loads(embedded.group(1))["first_divergent"]["node"] == "/bn_big_var/BatchNormalization"
     assert "BatchNormalization" in text.split("<h2>Op inventory</h2>", 1)[1]
+
+
+def test_report_says_an_infinite_gain_in_words(clamp, tmp_path):
+    """A culprit whose fix makes the outputs exact (gain inf dB) is said in words, never printed as a number."""
+    result = clamp[0]
+    culprit = result.culprits[0]
+    kept = culprit.impact
+    culprit.impact = {**kept, "best_gain_db": math.inf, "gain": {o: math.inf for o in (kept.get("gain") or {"y": 0})}}
+    try:
+        culprits = _section(_body(write_report(result, tmp_path / "r.html").read_text()), "Culprits")
+    finally:
+        culprit.impact = kept
+    said = html.escape(gain_text(math.inf), quote=True)
+    assert said in culprits
+    assert not re.search(r"\binf\b|infinity", culprits.replace(said, ""), re.I)
+    assert "exact" in culprits
 
 
 def test_cli_compare_writes_report_and_bundle(tmp_path, capsys):

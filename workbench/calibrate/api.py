@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..core.arguments import checked
+from ..core.progress import Steps
 from .collect import activation_tensors, collect
 from .errors import rank_sensitivity, tensor_errors
 from .exceptions import CalibrationError
@@ -104,13 +105,25 @@ def calibrate(
                      "counted apart and left out of ranges and errors")
 
     t0 = time.perf_counter()
+    steps = Steps(progress, cancel, *spans["ranges"])
+
     def per_tensor(t: str):
-        b = {m: compute_range(m, hists[t], trt=calib.trt.get(t), ort=calib.ort.get(t), percentile=percentile)
-             for m in methods}
+        b = {}
+        for m in methods:  # a rule over a large histogram (entropy) takes a while: cancel is checked before each
+            steps.check()
+            b[m] = compute_range(m, hists[t], trt=calib.trt.get(t), ort=calib.ort.get(t), percentile=percentile)
+        steps.check()
         return b, tensor_errors(hists[t], {m: max(abs(lo), abs(hi)) for m, (lo, hi) in b.items()})
 
-    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:  # numpy releases the GIL
-        done = dict(zip(tensors, pool.map(per_tensor, tensors)))
+    done = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)))  # numpy releases the GIL
+    try:
+        steps(0.0, f"ranges by {len(methods)} method(s): tensor 0/{len(tensors)}")
+        for k, (t, value) in enumerate(zip(tensors, pool.map(per_tensor, tensors)), 1):
+            done[t] = value
+            steps(k / len(tensors), f"ranges by {len(methods)} method(s): tensor {k}/{len(tensors)}")
+    finally:  # cancelled: the tensors not started are dropped, not waited for
+        pool.shutdown(cancel_futures=True)
     bounds = {m: {t: done[t][0][m] for t in tensors} for m in methods}
     ranges = {m: {t: max(abs(lo), abs(hi)) for t, (lo, hi) in b.items()} for m, b in bounds.items()}
     errors = {t: done[t][1] for t in tensors}
@@ -144,6 +157,7 @@ def calibrate(
             report.config["eval_data"] = _provenance(eval_feeds)
         eval_amax = {}
         for t, e in evaluation.histograms.items():
+            steps.check()
             lo, hi = compute_range(chosen, e, trt=evaluation.trt.get(t), ort=evaluation.ort.get(t),
                                    percentile=percentile)
             eval_amax[t] = max(abs(lo), abs(hi))
@@ -239,7 +253,8 @@ def _shapes(input_shapes) -> dict[str, list[int]] | None:
 
 
 def _spans(has_eval: bool, has_sweep: bool) -> dict[str, tuple[float, float]]:
-    weights = {"calib": 1.0, "eval": 0.6 if has_eval else 0.0, "sweep": 0.6 if has_sweep else 0.0}
+    # ranges: every method over every tensor's histogram (entropy rules search thresholds): a phase of its own
+    weights = {"calib": 1.0, "ranges": 0.4, "eval": 0.6 if has_eval else 0.0, "sweep": 0.6 if has_sweep else 0.0}
     total, start, out = sum(weights.values()), 0.0, {}
     for name, w in weights.items():
         out[name] = (start / total, (start + w) / total)

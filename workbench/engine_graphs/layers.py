@@ -6,6 +6,7 @@ group the comparison recorded); a node's error is the worst among its tensors, b
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .result import EngineGraph, EngineNode
@@ -29,22 +30,25 @@ def node_errors(graph: EngineGraph, result: Any) -> dict[str, dict]:
 
 
 def layer_rows(graph: EngineGraph, result: Any = None, top: int | None = None) -> list[dict]:
-    """One row per executed node, slowest first (unprofiled ones last): latency, its share of the run, provider,
-    precision, whether it fell back, its ONNX nodes, and with ``result`` its worst tensor's error."""
+    """One row per executed node, slowest first (unprofiled ones last): latency, its share of the run
+    (:meth:`EngineGraph.share_of`: ``latency_ms / run_ms``, the median end to end), provider, precision, whether it
+    fell back, its ONNX nodes, and with ``result`` its worst tensor's error, the criterion's threshold and the
+    error's margin to it (:func:`margin_db`)."""
     errors = node_errors(graph, result) if result is not None else {}
     metric = result.criterion.metric if result is not None else None
+    threshold = result.criterion.threshold if result is not None else None
     primary = graph.details.get("requested_provider") or graph.primary_provider
-    end = graph.end_to_end_mean_ms or graph.end_to_end_ms
     rows = []
     for n in sorted(graph.nodes, key=_slowest):
         err = errors.get(n.name)
         rows.append({"name": n.name, "order": n.order, "kind": n.kind, "role": n.role, "provider": n.provider,
                      "precision": n.precision,
                      "latency_ms": n.latency_ms, "latency_p90_ms": n.latency_p90_ms, "dispatch_ms": n.dispatch_ms,
-                     "share": (n.latency_mean_ms / end) if (n.latency_mean_ms is not None and end) else None,
+                     "share": graph.share_of(n), "run_ms": graph.end_to_end_ms,
                      "fell_back": bool(n.role == "compute" and n.provider and primary and n.provider != primary),
                      "onnx_nodes": n.onnx_nodes, "metric": metric,
-                     "error": None if err is None else err["metrics"].get(metric),
+                     "error": None if err is None else err["metrics"].get(metric), "threshold": threshold,
+                     "margin_db": None if err is None else margin_db(err["metrics"].get(metric), metric, threshold),
                      "tensor": None if err is None else err["tensor"],
                      "diverged": None if err is None else err["diverged"]})
     return rows[:top] if top else rows
@@ -52,3 +56,25 @@ def layer_rows(graph: EngineGraph, result: Any = None, top: int | None = None) -
 
 def _slowest(n: EngineNode) -> tuple:
     return (n.latency_ms is None, -(n.latency_ms or 0.0), n.order)
+
+
+def margin_db(value: Any, metric: str, threshold: float) -> float | None:
+    """How far ``value`` of ``metric`` is on the good side of the criterion's ``threshold``, in dB: positive
+    passes, negative fails, 0 at the threshold (+inf: exact agreement). sqnr_db: the difference; cosine: the ratio
+    of the distances to 1 (1 - cosine is half the squared relative error, so 10 dB is 10 dB of SQNR); error metrics
+    (amplitudes): 20 log10 of threshold / value. None when not measured."""
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    if metric == "sqnr_db":
+        return float(value - threshold)
+    if metric == "cosine":
+        good, have = 1.0 - threshold, 1.0 - value
+        scale = 10.0
+    else:
+        good, have = threshold, value
+        scale = 20.0
+    if have <= 0:
+        return math.inf
+    if good <= 0:
+        return -math.inf
+    return scale * math.log10(good / have)

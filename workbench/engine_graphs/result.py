@@ -116,6 +116,13 @@ class EngineGraph:
         counts = Counter(n.provider for n in self.compute_nodes if n.provider)
         return counts.most_common(1)[0][0] if counts else None
 
+    def share_of(self, node: EngineNode) -> float | None:
+        """``node``'s share of a run: its median ms per run over the run's median end to end, the two times shown
+        next to it (None when either is not measured). Medians: the shares need not add up to 1."""
+        if node.latency_ms is None or not self.end_to_end_ms:
+            return None
+        return node.latency_ms / self.end_to_end_ms
+
     def fallbacks(self) -> list[EngineNode]:
         """Compute nodes that ran on another provider than the primary one (ONNX Runtime falls back per node)."""
         primary = self.primary_provider

@@ -57,7 +57,6 @@ def render(graph: EngineGraph, top: int = 10) -> str:
                      + ", ".join(f"{_n(n.name)} ({_n(n.provider)})" for n in falls[:5]))
     slow = graph.slowest(top)
     if slow:
-        end = graph.end_to_end_mean_ms or graph.end_to_end_ms
         dispatch = any(n.dispatch_ms is not None for n in slow)
         lines += ["", f"slowest {len(slow)} nodes (median ms per run):", table(
             ["node", "kind", "provider", "precision", "ms", "p90"] + (["dispatch"] if dispatch else [])
@@ -65,7 +64,7 @@ def render(graph: EngineGraph, top: int = 10) -> str:
             [[_n(n.name), _n(n.kind), _n(n.provider or "-"), _n(n.precision or "-"), _ms(n.latency_ms),
               _ms(n.latency_p90_ms)]
              + ([_ms(n.dispatch_ms)] if dispatch else [])
-             + [f"{(n.latency_mean_ms or 0) / end:.1%}" if end else "-",
+             + [f"{graph.share_of(n):.1%}" if graph.share_of(n) is not None else "-",
                 ", ".join(_n(o) for o in n.onnx_nodes[:3])
                 + (f" (+{len(n.onnx_nodes) - 3})" if len(n.onnx_nodes) > 3 else "")]
              for n in slow])]

@@ -367,6 +367,12 @@ def _gain_text(c) -> str:
     return text
 
 
+#: the culprit chart's legend: one horizontal row above the plot (below it, it sat on the x-axis title)
+CULPRIT_LEGEND = {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
+#: the top margin added for it (up to two rows of entries when the figure is narrow)
+LEGEND_ROOM = 48
+
+
 def culprit_bars(result, metric: str | None = None) -> go.Figure:
     """Per culprit (harmful first, harmless last): the error it introduces alone vs the error its inputs already
     carried, its output's precision floor (a tick), and in the hover what fixing it gains on the outputs.
@@ -411,15 +417,17 @@ def culprit_bars(result, metric: str | None = None) -> go.Figure:
     threshold = _threshold(result, m)
     if threshold is not None:
         fig.add_vline(x=threshold, line={"color": BAD_COLOR, "dash": "dash", "width": 1},
-                      annotation_text="tolerance")
+                      annotation_text="tolerance", annotation_position="bottom right")  # the legend is on top
     better = "higher is better" if m in HIGHER_IS_BETTER else "lower is better"
     harmless = sum(c.harmless for c in culprits)
     fig.update_layout(title=f"culprits: {m} each node introduces vs receives ({better}); harmful first"
                             + (f", {harmless} harmless" if harmless else ""), barmode="group",
                       xaxis_title=_axis_title(m), template="plotly_white",
                       yaxis={"autorange": "reversed"}, height=max(300, 120 + 60 * len(culprits)),
-                      legend={"orientation": "h", "y": -0.25})
-    return fit_title(fig)
+                      legend=CULPRIT_LEGEND)
+    fit_title(fig)  # the title's lines set the top margin; the legend's rows go below them, above the plot
+    fig.update_layout(margin={"t": fig.layout.margin.t + LEGEND_ROOM})
+    return fig
 
 
 def _finite(a: np.ndarray) -> tuple[np.ndarray, int]:

@@ -1,5 +1,6 @@
 """Plots of a dataset comparison: each layer's error across samples (mean, p95, worst), each sample's task metric,
-and where samples first diverge. Pure functions: a :class:`~workbench.dataset.DatasetResult` in, a figure out."""
+and where samples first diverge. Pure functions: a :class:`~workbench.dataset.DatasetResult` in, a figure out, in
+the style of the other plots (:func:`_styled`: their template, wrapped titles)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,20 @@ import plotly.graph_objects as go
 from plotly.graph_objects import Bar, Figure, Scatter  # noqa: F401 - resolve plotly's lazy classes at import
 
 from ..core.metric_info import HIGHER_IS_BETTER
+from . import fit_title
+
+#: the template every workbench plot uses
+TEMPLATE = "plotly_white"
 
 #: exact agreement (infinite SQNR) is drawn at this height, like the comparison's error curve
 EXACT_DB = 200.0
 SERIES = (("mean", "#1f77b4", "solid"), ("p95", "#ff7f0e", "dot"), ("worst", "#d62728", "dash"))
+
+
+def _styled(fig: go.Figure) -> go.Figure:
+    """``fig`` in the other plots' style: their template and a wrapped, left-aligned title."""
+    fig.update_layout(template=TEMPLATE)
+    return fit_title(fig)
 
 
 def _shown(value: Any) -> float | None:
@@ -54,7 +65,7 @@ def layer_spread(result: Any) -> go.Figure:
                       yaxis_type="log" if metric not in HIGHER_IS_BETTER and _positive(rows) else "linear",
                       legend={"orientation": "h", "y": -0.2}, margin={"l": 60, "r": 20, "t": 50, "b": 60},
                       hovermode="closest")
-    return fig
+    return _styled(fig)
 
 
 def _positive(rows: list[dict]) -> bool:
@@ -85,7 +96,7 @@ def sample_metric(result: Any, name: str | None = None) -> go.Figure:
                                hovertemplate="%{text}<br>%{y:.4g}<extra></extra>"))
     fig.update_layout(title={"text": title}, xaxis_title="sample", yaxis_title=escape(name),
                       margin={"l": 60, "r": 20, "t": 50, "b": 50}, hovermode="closest")
-    return fig
+    return _styled(fig)
 
 
 def _worst_output(sample: dict, metric: str) -> float | None:
@@ -106,4 +117,4 @@ def first_divergence_bars(result: Any, top: int = 15) -> go.Figure:
     fig.update_layout(title={"text": "where samples first diverge"}, xaxis_title="samples",
                       margin={"l": 220, "r": 20, "t": 50, "b": 50}, height=max(260, 28 * len(rows) + 120))
     fig.update_yaxes(automargin=True)
-    return fig
+    return _styled(fig)

@@ -13,6 +13,12 @@ from . import esc
 
 #: node names longer than this are shortened in the middle on the axis (the hover has them whole)
 LABEL_CHARS = 42
+#: the error colour's range, in dB of margin to the criterion's threshold (beyond it: the end colour)
+MARGIN_RANGE = (-20.0, 40.0)
+_AT = (0.0 - MARGIN_RANGE[0]) / (MARGIN_RANGE[1] - MARGIN_RANGE[0])  # where the threshold sits on the scale
+#: absolute: red under the threshold (fails), yellow just above it, green well above it
+MARGIN_COLORSCALE = [[0.0, "#a50026"], [_AT, "#f46d43"], [_AT + 1e-4, "#fee08b"], [(1 + _AT) / 2, "#a6d96a"],
+                     [1.0, "#1a9850"]]
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#bab0ac"]
 
 
@@ -46,17 +52,23 @@ def _hover(r: dict) -> str:
 
 def slowest_layers(source: Any, result: Any = None, top: int = 20) -> go.Figure:
     """The ``top`` slowest executed nodes as horizontal bars (median ms per run), coloured by their worst tensor's
-    error when a comparison is given (``result``), with fell-back nodes outlined in red."""
+    error when a comparison is given (``result``), with fell-back nodes outlined in red. The colour is absolute: the
+    error's margin to the criterion's threshold in dB (``margin_db``), red when it fails, green 40 dB within."""
     rows = [r for r in _rows(source, result) if r.get("latency_ms") is not None][:top]
     labels = [esc(f"{k}. {_label(r['name'])}") for k, r in enumerate(rows, 1)]
-    errors = [r.get("error") for r in rows]
+    margins = [r.get("margin_db") for r in rows]
     metric = next((r["metric"] for r in rows if r.get("metric")), None)
+    threshold = next((r["threshold"] for r in rows if r.get("threshold") is not None), None)
     marker: dict = {"line": {"color": ["#d62728" if r.get("fell_back") else "rgba(0,0,0,0)" for r in rows],
                              "width": 2}}
-    if metric and any(e is not None for e in errors):
-        marker.update(color=[e if e is not None else float("nan") for e in errors], colorscale="RdYlGn",
-                      reversescale=metric not in ("sqnr_db", "cosine"), showscale=True,
-                      colorbar={"title": esc(metric)})
+    if metric and any(m is not None for m in margins):
+        low, high = MARGIN_RANGE
+        marker.update(color=[float("nan") if m is None else min(max(m, low), high) for m in margins],
+                      colorscale=MARGIN_COLORSCALE, cmin=low, cmax=high, showscale=True,
+                      colorbar={"title": {"text": esc(f"{metric}: dB beyond threshold {threshold:g}") + "<br>"
+                                          "red: fails, green: well within", "side": "right"},
+                                "tickvals": [low, 0.0, 20.0, high],
+                                "ticktext": [f"fails by {-low:g}+", "threshold", "+20", f"+{high:g} or exact"]})
     else:
         marker["color"] = PALETTE[0]
     fig = go.Figure(go.Bar(y=labels, x=[r["latency_ms"] for r in rows], orientation="h", marker=marker,

@@ -33,7 +33,8 @@ def inventory_bar(source: Any, top: int | None = 40) -> go.Figure:
         fig.add_trace(go.Bar(
             y=[esc(r["op_type"]) for r in mine], x=[r["count"] for r in mine], orientation="h", name=esc(domain),
             marker_color=DOMAIN_COLORS[k % len(DOMAIN_COLORS)], text=[r["count"] for r in mine],
-            textposition="auto",
+            # each count level, right of its bar: "auto" turned it 90 degrees to fit a short bar
+            textposition="outside", textangle=0, cliponaxis=False,
             customdata=[[r.get("since_version"), "deprecated" if r.get("deprecated") else "",
                          r.get("in_subgraphs", 0)] for r in mine],
             hovertemplate="%{y}: %{x} nodes<br>since opset %{customdata[0]} %{customdata[1]}"
@@ -44,9 +45,10 @@ def inventory_bar(source: Any, top: int | None = 40) -> go.Figure:
         title += f" (top {len(rows)} shown)"
     # counts are whole: integer ticks, one per node when the longest bar is short (plotly would tick 0.2, 0.4...)
     most = max((r["count"] for r in rows), default=0)
-    xaxis = {"title": "nodes", "tickformat": ",d", "rangemode": "tozero", **({"dtick": 1} if most <= 10 else {})}
+    xaxis = {"title": "nodes", "tickformat": ",d", "range": [0, most * 1.15 + 0.5],  # room for the counts
+             **({"dtick": 1} if most <= 10 else {})}
     fig.update_layout(title=title, template="plotly_white", barmode="stack", xaxis=xaxis,
-                      yaxis={"autorange": "reversed", "categoryorder": "array",
+                      yaxis={"autorange": "reversed", "categoryorder": "array", "automargin": True,
                              "categoryarray": [esc(r["op_type"]) for r in rows]},
                       height=max(260, 90 + 22 * len(rows)), legend={"title": "domain"},
                       margin={"l": 10, "r": 10, "t": 50, "b": 40})

@@ -47,13 +47,13 @@ def render_engine_graph_report(graph: Any, *, top: int = 20, title: str | None =
     slow = graph.slowest(top)
     parts.append(f"<h2>Slowest {len(slow)} executed nodes</h2>")
     if any(n.latency_ms is not None for n in graph.nodes):
-        end = doc["end_to_end_mean_ms"] or doc["end_to_end_ms"]
         dispatch = any(nodes[id(n)].get("dispatch_ms") is not None for n in slow)  # ORT: read from its trace
         rows = [[k, n.name, n.kind, n.provider or "-", n.precision or "-", _num(nodes[id(n)]["latency_ms"]),
-                 _num(nodes[id(n)]["latency_p90_ms"]), _share(nodes[id(n)]["latency_mean_ms"], end),
+                 _num(nodes[id(n)]["latency_p90_ms"]), _share(graph.share_of(n), 1.0),
                  _onnx(n.onnx_nodes)] + ([_num(nodes[id(n)].get("dispatch_ms"))] if dispatch else [])
                 for k, n in enumerate(slow, 1)]
-        parts += ["<p class='muted'>Median and p90 ms per run; share: the node's mean time over the run's mean"
+        parts += ["<p class='muted'>Median and p90 ms per run; share: the node's median ms over the run's median end "
+                  "to end"
                   + ("; dispatch: the engine's time right before the node, since the previous one ended" if dispatch
                      else "") + ".</p>",
                   _table(["#", "executed node", "kind", "provider", "precision", "ms", "p90 ms", "share",

@@ -215,15 +215,26 @@ def _impact(c) -> str:
     impact = c.impact
     if not impact:
         return "<span class='muted'>not measured</span>"
-    best = _num(impact.get("best_gain_db"))
-    per = ", ".join(f"{_e(o)} {_num(g)} dB" for o, g in (impact.get("gain") or {}).items())
-    text = (f"fixing it gains at most {best} dB on the outputs"
-            if impact.get("harmless") else f"fixing it gains {best} dB on the outputs") + (f" ({per})" if per else "")
+    from ..compare.explain import gain_text
+
+    best = impact.get("best_gain_db")
+    per = ", ".join(f"{_e(o)} {_gain_db(g)}" for o, g in (impact.get("gain") or {}).items())
+    said = gain_text(best)
+    if impact.get("harmless") and isinstance(best, (int, float)) and math.isfinite(best):
+        said = said.replace("fixing it gains ", "fixing it gains at most ", 1)
+    text = _e(said) + (f" ({per})" if per else "")
     if impact.get("nonfinite_fixed"):
         text += f"; removes {_e(impact['nonfinite_fixed'])} inf/NaN"
     if impact.get("note"):
         text += f"<br><span class='muted'>{_e(impact['note'])}</span>"
     return text
+
+
+def _gain_db(gain: Any) -> str:
+    """One output's gain: ``12.3 dB``, ``exact`` (infinite: fixed, the output matches the reference)."""
+    if isinstance(gain, (int, float)) and math.isinf(gain):
+        return "exact" if gain > 0 else "worse"
+    return f"{_num(gain)} dB"
 
 
 def _culprits(result: CompareResult) -> str:

@@ -317,7 +317,9 @@ class GraphPanel(widgets.VBox):
         if self.focus is not None:
             self.focus = matches[0]
         self.refresh()
-        self.canvas.highlight = matches[:MAX_MATCHES]
+        with self.canvas.hold_sync():
+            self.canvas.highlight_label = "search match"
+            self.canvas.highlight = matches[:MAX_MATCHES]
         self.select(matches[0])
         return matches
 
@@ -330,6 +332,10 @@ class GraphPanel(widgets.VBox):
         name = self.matches[(k + step) % len(self.matches)]
         self.select(name)
         return name
+
+    def reveal(self) -> None:
+        """Scroll the page so the graph is in view (the front end does it once the graph is shown)."""
+        self.canvas.scroll_into_view += 1
 
     def select(self, name: str) -> None:
         """Select node ``name`` here and in every linked panel."""

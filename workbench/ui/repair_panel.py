@@ -145,6 +145,8 @@ class RepairPanel(PairedPanel, widgets.VBox):
 
     def link_graph(self, graph: Any) -> None:
         """Ring the kept nodes in ``graph`` (a GraphPanel on the same state) whenever the result changes."""
+        self._links.append(widgets.dlink((self, "highlight"), (graph.canvas, "highlight_label"),
+                                         transform=lambda _: self.ring_label()))
         self._links.append(widgets.dlink((self, "highlight"), (graph.canvas, "highlight")))
 
     # --- running ---------------------------------------------------------------------------------------------
@@ -233,6 +235,13 @@ class RepairPanel(PairedPanel, widgets.VBox):
     def _on_model(self, _change: Any = None) -> None:
         self._clear(message_html("a new model is loaded: run the repair on it", "info"))
         self.reduce_note.value = ""
+
+    def ring_label(self) -> str:
+        """What the rings of :attr:`highlight` mean, for the graph's legend."""
+        if not self.highlight:
+            return ""
+        kind = getattr(self.result, "kind", "float")
+        return "kept in reference precision" if kind == "float" else "Q/DQ removed around"
 
     def _on_kept(self, change: dict) -> None:
         self.highlight = highlight_ids(change["new"])

@@ -17,6 +17,7 @@ from .graph_panel import GraphPanel
 from .messages import error_html, fallback_repr
 from .model_panel import ModelPanel
 from .repair_panel import RepairPanel
+from .reveal import RevealAnchor
 from .state import WorkbenchState
 from .style import style_tag
 
@@ -45,6 +46,7 @@ class Workbench(widgets.VBox):
         self.header = widgets.HTML()
         self._options = {"reference": reference, "candidate": candidate}
         self._panels: dict[str, widgets.Widget] = {}
+        self._anchors: dict[str, RevealAnchor] = {}  # at each tab's top: a request to show it scrolls to it
         self.tabs = widgets.Tab(children=[widgets.VBox() for _ in PANELS], titles=list(PANELS.values()))
         self.tabs.observe(self._on_tab, "selected_index")
         try:
@@ -76,7 +78,8 @@ class Workbench(widgets.VBox):
         if key not in self._panels:
             self._panels[key] = self._build(key)
             index = list(PANELS).index(key)
-            self.tabs.children[index].children = (self._panels[key],)
+            self._anchors[key] = RevealAnchor()
+            self.tabs.children[index].children = (self._anchors[key], self._panels[key])
             self._connect(key)
         return self._panels[key]
 
@@ -124,8 +127,12 @@ class Workbench(widgets.VBox):
             self.panel(list(PANELS)[index])
 
     def _on_show(self, change: dict) -> None:
+        """A panel asked for another (a click on a kept node, a culprit): bring it forward and scroll it into view
+        (the page may be scrolled down to the table clicked in): the graph to its canvas, another to its top."""
         if change["new"] in PANELS:
-            self.show(change["new"])
+            panel = self.show(change["new"])
+            reveal = getattr(panel, "reveal", None)
+            (reveal if callable(reveal) else self._anchors[change["new"]].reveal)()
 
     # shortcuts for scripts and tests
     @property

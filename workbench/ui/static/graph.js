@@ -688,6 +688,13 @@ function render({ model, el: host }) {
       item.append(sw, document.createTextNode(label));
       return item;
     });
+    if (highlight.size) {  // the orange rings' key: what they mark (Repair's kept nodes, search matches)
+      const item = el("span", "wb-graph-key wb-graph-key-ring");
+      const sw = el("i", "wb-graph-swatch wb-graph-swatch-ring");
+      item.append(sw, document.createTextNode(`${model.get("highlight_label") || "ringed"} (${highlight.size})`));
+      item.title = "nodes ringed in orange";
+      keys.push(item);
+    }
     if (g.boxes.length) {  // the boxes' key: an outlined swatch
       const item = el("span", "wb-graph-key wb-graph-key-group");
       const sw = el("i", "wb-graph-swatch wb-graph-swatch-group");
@@ -710,6 +717,7 @@ function render({ model, el: host }) {
   }
   function syncHighlight() {
     highlight = new Set((model.get("highlight") || []).map((id) => g.index.get(id)).filter((i) => i !== undefined));
+    renderLegend();
     schedule();
   }
 
@@ -795,10 +803,20 @@ function render({ model, el: host }) {
   model.on("change:data", onData);
   model.on("change:selected", () => syncSelected(true, true));
   model.on("change:highlight", syncHighlight);
+  model.on("change:highlight_label", renderLegend);
   model.on("change:matches", syncMatches);
   model.on("change:match_total", renderMatches);
   model.on("change:query", syncQuery);
   model.on("change:height", () => { setHeight(); resize(); });
+  // scroll the page to the graph: its tab may be made visible in this same update, so wait until it has a size
+  function scrollIntoView(tries = 20) {
+    if (stage.offsetParent === null || stage.clientHeight === 0) {
+      if (tries > 0) requestAnimationFrame(() => scrollIntoView(tries - 1));
+      return;
+    }
+    root.scrollIntoView({ block: "nearest" });
+  }
+  model.on("change:scroll_into_view", () => requestAnimationFrame(() => scrollIntoView()));
   const themeWatch = new MutationObserver(() => { colors = themeColors(); miniBase = null; schedule(); });
   themeWatch.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
 
@@ -813,6 +831,10 @@ function render({ model, el: host }) {
   fit();
   syncSelected(false);
   draw();
+  // asked to be shown before this view existed (its panel built by the tab switch that reveals it)
+  if (model.get("scroll_into_view") > 0) {
+    requestAnimationFrame(() => scrollIntoView());
+  }
   root.dataset.ready = "1";
   // for tests and benchmarks: where a node is drawn (client coordinates), null if unknown
   root.wbNodePosition = (id) => {
