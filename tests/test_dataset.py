@@ -238,9 +238,21 @@ def rec_images(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def rec_images_32(tmp_path_factory):
+    """Half the crops: enough for 16 per worker; the executors' identity does not need 64 (three INT8 runs)."""
+    from ocr_dataset import render
+
+    folder = tmp_path_factory.mktemp("rec32")
+    render(folder, 32)
+    return folder
+
+
 @pytest.mark.slow
-def test_rec_int8_identical_on_serial_processes_and_ray(fetch_model, rec_images):
+def test_rec_int8_identical_on_serial_processes_and_ray(fetch_model, rec_images_32):
     import ray
+
+    rec_images = rec_images_32
 
     model = fetch_model("ppocr-rec")
     kw = {"preprocess": PREP, "metrics": ["ctc"], "layers": False}
@@ -251,7 +263,7 @@ def test_rec_int8_identical_on_serial_processes_and_ray(fetch_model, rec_images)
         on_ray = compare_dataset(model, "ort", "ort:int8", rec_images, executor="ray", workers=2, **kw).to_json()
     finally:
         ray.shutdown()
-    assert len(serial["samples"]) == 64 and procs["executor"]["kind"] == "processes"
+    assert len(serial["samples"]) == 32 and procs["executor"]["kind"] == "processes"
     assert on_ray["executor"]["kind"] == "ray"
     for other in (procs, on_ray):
         assert other["samples"] == serial["samples"] and other["worst"] == serial["worst"]
