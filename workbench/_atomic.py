@@ -176,20 +176,23 @@ def staged(made: T) -> Iterator[T]:
     try:
         yield made
     except BaseException:
-        _remove(path)
+        remove_path(path)
         raise
     finally:
         scratch.untrack(path)
 
 
-def _remove(path: str | os.PathLike) -> None:
+def remove_path(path: str | os.PathLike) -> None:
+    """Remove a temporary file or folder if it is there (a link itself, never its target); never raises."""
     try:
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
             os.unlink(path)
-    except OSError:
+    except FileNotFoundError:
         pass
+    except OSError as e:
+        log.debug("temporary %s not removed: %s", path, e)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

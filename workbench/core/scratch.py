@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._atomic import _HOST, _alive
+from .._atomic import remove_path as _remove
 
 log = logging.getLogger(__name__)
 
@@ -200,14 +201,3 @@ def _locked(folder: Path) -> bool:
         os.close(fd)
     return False
 
-
-def _remove(path: str) -> None:
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        log.debug("temporary %s not removed: %s", path, e)
