@@ -145,7 +145,7 @@ def _precision_text(result) -> str:
     return f" ({ref} vs {cand})" if ref and cand else ""
 
 
-def layer_error_curve(result, metric: str | None = None, label_worst: int = 3) -> go.Figure:
+def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, bands: Any = None) -> go.Figure:
     """``metric`` per compared tensor over the reference's topological order, with:
 
     - the precision floor per format (the error of the reference merely held in the candidate's FP16/BF16/INT8
@@ -156,7 +156,10 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3) -
       (star) only when the run diverged;
     - layer names written on the curve: the first divergent layer and the ``label_worst`` worst others;
     - from :data:`ZOOM_LAYERS` layers on, a range slider under the axis (a zoom is kept across redraws);
-    - inf/NaN metric values drawn at a cap just past the worst finite value (hover says so), never as gaps.
+    - inf/NaN metric values drawn at a cap just past the worst finite value (hover says so), never as gaps;
+    - with ``bands`` (:class:`~workbench.plots.thresholds.Bands` of ``metric``: the user's colour thresholds) the
+      good / marginal / bad ranges shaded behind the curve, each point coloured by its band and the legend stating
+      the thresholds.
     """
     m = _metric(result, metric)
     tensors = sorted(result.tensors, key=lambda t: t.topo_index)
@@ -185,8 +188,12 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3) -
              + " %{customdata[3]}<br>%{customdata[5]}<br>non-finite mismatches %{customdata[4]}"
                "<br>%{customdata[6]}<extra></extra>")
     fig = go.Figure()
+    banded = bands is not None and bands.metric == m
+    colors = [_point_color(bands, t.metrics.get(m), c) for t, c in zip(tensors, capped)] if banded else OK_COLOR
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=m, customdata=custom, hovertemplate=hover,
-                             line={"color": OK_COLOR, "width": 1.5}, marker={"size": 6, "color": OK_COLOR}))
+                             line={"color": OK_COLOR, "width": 1.5}, marker={"size": 6, "color": colors}))
+    if banded:
+        add_bands(fig, bands, [v for v in y if v is not None], "y", log)
     _add_floor_band(fig, tensors, m, x, custom, log)
 
     def marks(indices: list[int], name: str, marker: dict) -> None:
@@ -243,6 +250,52 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3) -
         fig.update_xaxes(rangeslider={"visible": True, "thickness": 0.08})
         fig.update_layout(legend={"orientation": "h", "y": -0.35})
     return fit_title(fig)
+
+
+#: how opaque the colour bands are behind a plot
+BAND_OPACITY = 0.12
+
+
+def _point_color(bands: Any, value: Any, capped: bool) -> str:
+    from .thresholds import BAD, band_color
+
+    band = BAD if capped else bands.classify(value)
+    return band_color(band) or OK_COLOR
+
+
+def band_spans(bands: Any, values: list[float], log: bool = False) -> list[tuple[int, float, float]]:
+    """(band, start, end) ranges covering the ``values`` and both thresholds, low to high (pure)."""
+    from .thresholds import BAD, GOOD, MARGINAL
+
+    pts = [v for v in values if v is not None and math.isfinite(v) and (v > 0 or not log)]
+    pts += [v for v in (bands.good, bands.bad) if v > 0 or not log]
+    lo, hi = min(pts), max(pts)
+    if log:
+        lo, hi = lo / 3.0, hi * 3.0
+    else:
+        pad = max(0.05 * (hi - lo), 1e-6 if bands.metric == "cosine" else 1.0)
+        lo, hi = lo - pad, hi + pad
+    if bands.higher_is_better:
+        spans = [(BAD, lo, bands.bad), (MARGINAL, bands.bad, bands.good), (GOOD, bands.good, hi)]
+    else:
+        spans = [(GOOD, lo, bands.good), (MARGINAL, bands.good, bands.bad), (BAD, bands.bad, hi)]
+    return [(b, max(a, lo), min(c, hi)) for b, a, c in spans if min(c, hi) > max(a, lo)]
+
+
+def add_bands(fig: go.Figure, bands: Any, values: list[float], axis: str, log: bool) -> None:
+    """Shade ``bands``' good / marginal / bad ranges behind the plot along ``axis`` ("x" or "y"), with a legend
+    entry per band stating its threshold."""
+    from .thresholds import BAND_STYLE
+
+    for band, start, end in band_spans(bands, values, log):
+        color = BAND_STYLE[band][0]
+        if axis == "y":
+            fig.add_hrect(y0=start, y1=end, fillcolor=color, opacity=BAND_OPACITY, line_width=0, layer="below")
+        else:
+            fig.add_vrect(x0=start, x1=end, fillcolor=color, opacity=BAND_OPACITY, line_width=0, layer="below")
+    for label, color in bands.legend():
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=esc(label), legendgroup="bands",
+                                 hoverinfo="skip", marker={"symbol": "square", "size": 12, "color": color}))
 
 
 def _badness(t, m: str) -> float:
@@ -308,9 +361,10 @@ def _add_floor_band(fig: go.Figure, tensors: list, m: str, x: list, custom: list
             + _unit(m) + f"<br>(shaded: within {FLOOR_MARGIN_DB:g} dB of the floor)<extra></extra>"))
 
 
-def metric_histogram(result, metric: str | None = None, bins: int = 40) -> go.Figure:
+def metric_histogram(result, metric: str | None = None, bins: int = 40, bands: Any = None) -> go.Figure:
     """Distribution of the per-tensor ``metric`` (within tolerance, at the floor and diverged stacked), with the
-    tolerance marked. Tensors whose metric is inf/NaN cannot be binned: the title counts them."""
+    tolerance marked (and ``bands``, the user's colour thresholds of ``metric``, shaded behind, the legend stating
+    them). Tensors whose metric is inf/NaN cannot be binned: the title counts them."""
     m = _metric(result, metric)
     groups = (("ok", OK_COLOR, "within tolerance"), ("floor", AT_FLOOR_COLOR, "at its floor (not diverged)"),
               ("bad", BAD_COLOR, "diverged" if result.diverged else "internal dip (outputs pass)"))
@@ -339,6 +393,8 @@ def metric_histogram(result, metric: str | None = None, bins: int = 40) -> go.Fi
             fig.add_trace(go.Bar(x=xs.tolist(), y=counts.tolist(), name=name, marker_color=color,
                                  width=None if log else width * 0.95))
     threshold = _threshold(result, m)
+    if bands is not None and bands.metric == m:
+        add_bands(fig, bands, every, "x", log)
     if threshold is not None:
         fig.add_vline(x=threshold, line={"color": BAD_COLOR, "dash": "dash"}, annotation_text="tolerance")
     left_out = f"; {unbinned} with an inf/NaN {m} not binned" if unbinned else ""

@@ -322,9 +322,10 @@ def _band(ratio: float) -> int:
     return next(i for i, (upper, _, _) in enumerate(ERROR_BANDS) if ratio <= upper)
 
 
-def _node_classes(view: GraphView, overlay: str, result: Any,
-                  engine: EngineView | None = None) -> tuple[list[Any], list[tuple[str, str]]]:
-    """Per node: a sortable class (higher = more remarkable) and the legend ((label, colour) ...)."""
+def _node_classes(view: GraphView, overlay: str, result: Any, engine: EngineView | None = None,
+                  bands: Any = None) -> tuple[list[Any], list[tuple[str, str]]]:
+    """Per node: a sortable class (higher = more remarkable) and the legend ((label, colour) ...). ``bands``
+    (:class:`~workbench.plots.thresholds.Bands` of the result's metric): the "error" overlay colours by them."""
     if overlay in ENGINE_OVERLAYS:
         return engine_classes(view.names, overlay, engine)
     n = len(view.names)
@@ -338,6 +339,8 @@ def _node_classes(view: GraphView, overlay: str, result: Any,
                (3 if view.names[i] == first else 2 if by_node[view.names[i]].diverged else 1) for i in range(n)]
         return cls, [("not compared", NOT_COMPARED), ("agrees", AGREES), ("diverged", DIVERGED),
                      ("first divergent", FIRST)]
+    if overlay == "error" and _uses(bands, result):
+        return _band_classes(view, by_node, bands)
     if overlay == "error":
         cls = []
         for name in view.names:
@@ -369,6 +372,33 @@ def _node_classes(view: GraphView, overlay: str, result: Any,
     if any(c == OTHER for c in colors.values()):
         legend.append(("other ops", OTHER))
     return list(view.ops), legend
+
+
+def _uses(bands: Any, result: Any) -> bool:
+    """Whether ``bands`` colour ``result``'s error overlay (they are of its criterion's metric)."""
+    return bands is not None and result is not None and bands.metric == result.criterion.metric
+
+
+def _band_classes(view: GraphView, by_node: dict, bands: Any) -> tuple[list[int], list[tuple[str, str]]]:
+    """Per node its band (GOOD 0, MARGINAL 1, BAD 2; 3 a non-finite mismatch, -1 not compared); the legend
+    states the thresholds."""
+    cls = []
+    for name in view.names:
+        t = by_node.get(name)
+        if t is None:
+            cls.append(-1)
+        elif (t.metrics.get("nonfinite_mismatch") or 0) > 0:
+            cls.append(3)
+        else:
+            band = bands.classify(t.metrics.get(bands.metric))
+            cls.append(-1 if band is None else band)
+    return cls, [*bands.legend(), (NONFINITE[1], NONFINITE[0]), ("not compared", NOT_COMPARED)]
+
+
+def _band_color(cls: int) -> str:
+    from .thresholds import BAND_STYLE
+
+    return NOT_COMPARED if cls < 0 else NONFINITE[0] if cls >= 3 else BAND_STYLE[cls][0]
 
 
 def _precisions(view: GraphView, result: Any) -> list[str]:
@@ -418,10 +448,12 @@ def _class_color(overlay: str, cls: Any, op_colors: dict[str, str], engine: Engi
 # --- payload -------------------------------------------------------------------------------------------------
 def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = None, depth: int | None = None,
                   expanded: Iterable[str] = (), focus: str | None = None, hops: int = 2,
-                  title: str = "", engine: Any = None, groups: bool = False) -> dict:
+                  title: str = "", engine: Any = None, groups: bool = False, bands: Any = None) -> dict:
     """What the graph widget draws: ids, labels, tooltips, layout (x, layer), colours, flat edge list, legend,
     and with ``engine`` (an :class:`~workbench.engine_graphs.result.EngineGraph` of this model) and ``groups``
-    its fused groups (``groups``: ``{"id", "label", "items", "tip"}``, boxes around their items).
+    its fused groups (``groups``: ``{"id", "label", "items", "tip"}``, boxes around their items). ``bands``
+    (:class:`~workbench.plots.thresholds.Bands`, the user's colour thresholds): the "error" overlay colours each
+    compared node good / marginal / bad by them, the legend stating them.
 
     ``focus``: show only nodes within ``hops`` of that node, uncollapsed. Otherwise collapse to ``depth``
     (None: every node) except the ``expanded`` scopes. An overlay whose data is missing (a comparison, an engine
@@ -443,7 +475,8 @@ def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = No
             carried.setdefault((item_of[u], item_of[v]), []).append(tensors)
     edges = sorted(carried)
     x, layer = layered_layout(len(ids), edges)
-    classes, legend = _node_classes(view, overlay, result, ev)
+    classes, legend = _node_classes(view, overlay, result, ev, bands)
+    banded = overlay == "error" and _uses(bands, result)
     op_colors = _op_colors(view)
     by_node = {t.node: t for t in result.tensors} if result is not None else {}
     culprits = {c.node: (k, c) for k, c in enumerate(result.culprits, 1)} if result is not None else {}
@@ -457,7 +490,8 @@ def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = No
             subs.append(f"{len(idx)} nodes")
             tips.append(f"{key[6:]}\n{len(idx)} nodes: " + ", ".join(f"{op} x{c}" for op, c in ops)
                         + "\ndouble-click to expand")
-            colors.append(GROUP if worst is None else _class_color(overlay, worst, op_colors, ev))
+            colors.append(GROUP if worst is None else _band_color(worst) if banded else
+                          _class_color(overlay, worst, op_colors, ev))
             group.append(1)
         else:
             i = idx[0]
@@ -465,14 +499,15 @@ def graph_payload(view: GraphView, *, overlay: str = "op_type", result: Any = No
             subs.append(None)
             tip = _node_tip(view, i, by_node.get(view.names[i]), culprits.get(view.names[i]), result)
             tips.append(tip if ev is None else "\n".join([tip, *ev.describe(view.names[i])]))
-            colors.append(_class_color(overlay, classes[i], op_colors, ev))
+            colors.append(_band_color(classes[i]) if banded else _class_color(overlay, classes[i], op_colors, ev))
             group.append(0)
     boxes = fused_groups(ev, item_of_node(ids, members, view)) if ev is not None and groups else []
     return {"ids": ids, "labels": labels, "sub": subs, "tips": tips, "x": [round(v, 3) for v in x], "y": layer,
             "color": colors, "group": group, "edges": [k for e in edges for k in e],
             "edge_tips": [_edge_tip(carried[e]) for e in edges],
             "legend": [list(item) for item in legend], "title": title, "overlay": overlay, "groups": boxes,
-            "engine": engine.engine if engine is not None else ""}
+            "engine": engine.engine if engine is not None else "",
+            "bands": bands.to_json() if banded else None}
 
 
 def _edge_tip(tensors: list[str]) -> str:

@@ -22,6 +22,7 @@ from .messages import error_html, fallback_repr, message_html
 from .runs import no_result_text
 from .state import WorkbenchState
 from .style import heading, style_tag
+from .thresholds_box import ThresholdsBox, bands_in_use
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,11 @@ class ErrorsPanel(widgets.VBox):
         self.state.observe(lambda _: self.refresh(), "result")
         self.state.observe(self._on_runs, "runs")  # a run cancelled or failed: say so where its results were
         self.state.observe(lambda ch: self._show_detail(ch["new"]), "selected")
+        self.state.observe(lambda _: self._on_bands(), "bands")  # the user's colour thresholds
+        self.bands_box = ThresholdsBox(self.state)
         super().__init__([
-            style_tag(), widgets.HBox([self.metric, self.feed, self.axis]), self.message, self.zoom_bar,
+            style_tag(), widgets.HBox([self.metric, self.feed, self.axis]), self.bands_box, self.message,
+            self.zoom_bar,
             self.curve_box, self.more, heading("Selected layer"), self.detail_title, self.jobs, self.values_plot,
             widgets.HBox([self.scatter_plot, self.channel_plot]),
             heading("Reference / candidate / difference"), self.view_channel, self.view_note, self.views_plot,
@@ -152,9 +156,14 @@ class ErrorsPanel(widgets.VBox):
             self._draw_curve()
         from ..plots.compare import culprit_bars, metric_histogram
 
-        show_figure(self.overview, metric_histogram(result))
+        show_figure(self.overview, metric_histogram(result, bands=bands_in_use(self.state)))
         show_figure(self.culprit_chart, culprit_bars(result))
         self._show_detail(self.state.selected)
+
+    def _on_bands(self) -> None:
+        """New colour thresholds: the curve and the distribution chart are coloured again."""
+        if self.state.result is not None:
+            self.refresh()
 
     @property
     def curve_shown(self) -> bool:
@@ -187,7 +196,7 @@ class ErrorsPanel(widgets.VBox):
         result = self.state.result
         if result is None:
             return
-        fig = layer_error_curve(result, self.metric.value)
+        fig = layer_error_curve(result, self.metric.value, bands=bands_in_use(self.state))
         ring = {"size": 20, "color": "rgba(0,0,0,0)", "line": {"width": 3, "color": "#1a73e8"}}
         fig.add_trace(go.Scatter(x=[], y=[], mode="markers", name=SELECTED_TRACE, hoverinfo="skip", marker=ring))
         fig.update_layout(height=420, clickmode="event")

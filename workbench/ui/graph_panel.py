@@ -31,8 +31,10 @@ from ..plots.graph_engine import ENGINE_OVERLAYS, NO_ENGINE, EngineView
 from .graph_widget import GraphWidget
 from .messages import error_html, fallback_repr, message_html
 from .runs import no_result_text
+from .side_by_side import SideBySide
 from .state import WorkbenchState
 from .style import style_tag
+from .thresholds_box import ThresholdsBox, bands_in_use
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +124,22 @@ class GraphPanel(widgets.VBox):
         self.state.observe(lambda _: self._on_result() if self.state.result is None else None, "runs")
         self.state.observe(self._on_selected, "selected")
         self.state.observe(self._on_engine, "engine_graph")
-        bar1 = widgets.HBox([self.overlay, self.depth, self.fused])
+        self.state.observe(lambda _: self.refresh(), "bands")
+        # one graph, or the reference and the candidate side by side (the current comparison's)
+        self.mode = widgets.ToggleButtons(options=[("one graph", "single"), ("side by side", "side")],
+                                          value="single", tooltip="the reference and the candidate's graphs, "
+                                          "coloured by the comparison, selections linked",
+                                          style={"button_width": "110px"})
+        self.side_by_side = SideBySide(self.state, height=height, max_nodes=max_nodes)
+        self.side_by_side.layout.display = "none"
+        self.bands_box = ThresholdsBox(self.state)
+        self.mode.observe(self._on_mode, "value")
+        self.single_bar = widgets.HBox([self.overlay, self.depth, self.fused])
         bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.hide_trivial, self.show_errors])
-        super().__init__([style_tag(), bar1, bar2, self.message, self.overlay_note, self.body])
+        self.single_box = widgets.VBox([bar2, self.message, self.overlay_note, self.body],
+                                       layout=widgets.Layout(width="100%"))
+        super().__init__([style_tag(), widgets.HBox([self.mode, self.single_bar]), self.bands_box,
+                          self.single_box, self.side_by_side])
         self.add_class("wb-root")
         self._on_model()
         if self.state.engine_graph is not None:
@@ -133,6 +148,15 @@ class GraphPanel(widgets.VBox):
             self._on_result()
         if self.state.selected:
             self._on_selected({"new": self.state.selected})
+
+    def _on_mode(self, change: dict) -> None:
+        """One graph, or the reference and candidate graphs side by side."""
+        side = change["new"] == "side"
+        self.single_box.layout.display = "none" if side else ""
+        self.single_bar.layout.display = "none" if side else ""
+        self.side_by_side.layout.display = "" if side else "none"
+        if side:
+            self.side_by_side.show()
 
     # --- state -> view ---------------------------------------------------------------------------------------
     def _on_model(self, _change: Any = None) -> None:
@@ -267,7 +291,7 @@ class GraphPanel(widgets.VBox):
             data = graph_payload(
                 self.view, overlay=overlay, result=self.state.result, depth=self._depth(), expanded=self.expanded,
                 focus=self.focus, hops=self.hops.value, title=self.state.model.name if self.focus is None else "",
-                engine=engine, groups=self.fused.value)
+                engine=engine, groups=self.fused.value, bands=bands_in_use(self.state))
             data["view"] = "fit" if fit else "keep"
             if anchor is not None:
                 data["anchor"] = list(anchor)

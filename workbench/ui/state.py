@@ -47,6 +47,9 @@ class WorkbenchState(HasTraits):
     history = AnyTrait((), allow_none=False)
     #: every run of this session (a :class:`~workbench.ui.runs.RunLog`; replaced on each transition)
     runs = AnyTrait(None, allow_none=True)
+    #: the user's colour thresholds (:class:`~workbench.plots.thresholds.Bands`), None: the current run's
+    #: criterion's defaults (see :func:`workbench.ui.thresholds_box.bands_in_use`)
+    bands = AnyTrait(None, allow_none=True)
 
     @classmethod
     def of(cls, source: Any = None, *, state: WorkbenchState | None = None, **load_kwargs: Any) -> WorkbenchState:

@@ -848,6 +848,9 @@ function render({ model, el: host }) {
     return x >= 0 && x <= width && y >= 0 && y <= height;
   });
   root.wbView = () => ({ ...view });
+  // the colour a node (or collapsed scope) is filled with, and the node ringed as selected ("" for none)
+  root.wbNodeColor = (id) => { const i = g.index.get(id); return i === undefined ? null : (g.color[i] || null); };
+  root.wbSelectedId = () => (selected >= 0 ? g.ids[selected] : "");
   // the fused-group boxes drawn (client coordinates)
   root.wbGroupBoxes = () => {
     const r = canvas.getBoundingClientRect();
