@@ -135,11 +135,10 @@ class GraphPanel(widgets.VBox):
         self.bands_box = ThresholdsBox(self.state)
         self.mode.observe(self._on_mode, "value")
         self.single_bar = widgets.HBox([self.overlay, self.depth, self.fused])
-        bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.hide_trivial, self.show_errors])
-        self.single_box = widgets.VBox([bar2, self.message, self.overlay_note, self.body],
-                                       layout=widgets.Layout(width="100%"))
-        super().__init__([style_tag(), widgets.HBox([self.mode, self.single_bar]), self.bands_box,
-                          self.single_box, self.side_by_side])
+        self.single_bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.hide_trivial,
+                                         self.show_errors])
+        super().__init__([style_tag(), widgets.HBox([self.mode, self.single_bar]), self.bands_box, self.single_bar2,
+                          self.message, self.overlay_note, self.body, self.side_by_side])
         self.add_class("wb-root")
         self._on_model()
         if self.state.engine_graph is not None:
@@ -152,8 +151,8 @@ class GraphPanel(widgets.VBox):
     def _on_mode(self, change: dict) -> None:
         """One graph, or the reference and candidate graphs side by side."""
         side = change["new"] == "side"
-        self.single_box.layout.display = "none" if side else ""
-        self.single_bar.layout.display = "none" if side else ""
+        for w in (self.single_bar, self.single_bar2, self.overlay_note, self.body):  # the one graph's parts
+            w.layout.display = "none" if side else ""
         self.side_by_side.layout.display = "" if side else "none"
         if side:
             self.side_by_side.show()

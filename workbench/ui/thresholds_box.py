@@ -46,8 +46,6 @@ class ThresholdsBox(widgets.VBox):
         self.note = widgets.HTML("")
         self.apply_button.on_click(lambda _: self.apply())
         self.reset_button.on_click(lambda _: self.reset())
-        for w in (self.good, self.bad):
-            w.on_submit(lambda _: self.apply())
         state.observe(lambda _: self.show(), "bands")
         state.observe(lambda _: self.show(), "result")
         super().__init__([widgets.HBox([self.label, self.good, self.bad, self.apply_button, self.reset_button]),
