@@ -134,11 +134,13 @@ class GraphPanel(widgets.VBox):
         self.side_by_side.layout.display = "none"
         self.bands_box = ThresholdsBox(self.state)
         self.mode.observe(self._on_mode, "value")
-        self.single_bar = widgets.HBox([self.overlay, self.depth, self.fused])
+        self.single_bar = widgets.HBox([self.overlay, self.depth, self.fused],
+                                       layout=widgets.Layout(flex_flow="row wrap"))
         self.single_bar2 = widgets.HBox([self.focus_button, self.hops, self.reset_button, self.hide_trivial,
                                          self.show_errors])
-        super().__init__([style_tag(), widgets.HBox([self.mode, self.single_bar]), self.bands_box, self.single_bar2,
-                          self.message, self.overlay_note, self.body, self.side_by_side])
+        bar1 = widgets.HBox([self.mode, self.single_bar], layout=widgets.Layout(flex_flow="row wrap"))
+        super().__init__([style_tag(), bar1, self.bands_box, self.single_bar2, self.message, self.overlay_note,
+                          self.body, self.side_by_side])
         self.add_class("wb-root")
         self._on_model()
         if self.state.engine_graph is not None:

@@ -48,7 +48,8 @@ class ThresholdsBox(widgets.VBox):
         self.reset_button.on_click(lambda _: self.reset())
         state.observe(lambda _: self.show(), "bands")
         state.observe(lambda _: self.show(), "result")
-        super().__init__([widgets.HBox([self.label, self.good, self.bad, self.apply_button, self.reset_button]),
+        super().__init__([widgets.HBox([self.label, self.good, self.bad, self.apply_button, self.reset_button],
+                                       layout=widgets.Layout(flex_flow="row wrap", align_items="center")),
                           self.note])
         self.add_class("wb-bands")
         self.show()
