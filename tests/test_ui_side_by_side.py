@@ -110,7 +110,8 @@ def test_the_panel_links_selection_and_shows_both_sides_numbers(fp16):
     result = panel.state.result
     panel.mode.value = "side"
     side = panel.side_by_side
-    assert panel.body.layout.display == "none" and side.layout.display == ""
+    assert panel.body.layout.display == "none" and panel.side_box.layout.display == ""
+    assert panel.side_box.children == (side,)
     cast = next(iter(side.match.candidate_only))
     side.select(CULPRIT, "candidate")  # a click on the candidate's node
     assert panel.state.selected == CULPRIT

@@ -130,8 +130,10 @@ class GraphPanel(widgets.VBox):
                                           value="single", tooltip="the reference and the candidate's graphs, "
                                           "coloured by the comparison, selections linked",
                                           style={"button_width": "110px"})
-        self.side_by_side = SideBySide(self.state, height=height, max_nodes=max_nodes)
-        self.side_by_side.layout.display = "none"
+        # built on the first switch to it (its two graph widgets are not in the page before)
+        self._side: SideBySide | None = None
+        self._side_args = {"height": height, "max_nodes": max_nodes}
+        self.side_box = widgets.VBox([], layout=widgets.Layout(width="100%", display="none"))
         self.bands_box = ThresholdsBox(self.state)
         self.mode.observe(self._on_mode, "value")
         self.single_bar = widgets.HBox([self.overlay, self.depth, self.fused],
@@ -140,7 +142,7 @@ class GraphPanel(widgets.VBox):
                                          self.show_errors])
         bar1 = widgets.HBox([self.mode, self.single_bar], layout=widgets.Layout(flex_flow="row wrap"))
         super().__init__([style_tag(), bar1, self.bands_box, self.single_bar2, self.message, self.overlay_note,
-                          self.body, self.side_by_side])
+                          self.body, self.side_box])
         self.add_class("wb-root")
         self._on_model()
         if self.state.engine_graph is not None:
@@ -155,9 +157,17 @@ class GraphPanel(widgets.VBox):
         side = change["new"] == "side"
         for w in (self.single_bar, self.single_bar2, self.overlay_note, self.body):  # the one graph's parts
             w.layout.display = "none" if side else ""
-        self.side_by_side.layout.display = "" if side else "none"
+        self.side_box.layout.display = "" if side else "none"
         if side:
             self.side_by_side.show()
+
+    @property
+    def side_by_side(self) -> SideBySide:
+        """The side-by-side view (made, and put in the panel, when first asked for)."""
+        if self._side is None:
+            self._side = SideBySide(self.state, **self._side_args)
+            self.side_box.children = (self._side,)
+        return self._side
 
     # --- state -> view ---------------------------------------------------------------------------------------
     def _on_model(self, _change: Any = None) -> None:
