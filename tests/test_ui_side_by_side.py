@@ -120,6 +120,7 @@ def test_the_panel_links_selection_and_shows_both_sides_numbers(fp16):
     shown = side.numbers.value
     assert f"{t.metrics['sqnr_db']:.4g}" in shown and "float16" in shown and "float32" in shown
     assert "culprit #1" in shown and "data-band='bad'" in shown
+    assert f"{t.floor['sqnr_db']:.4g}" in shown and "held in FP16" in shown
     side.select(cast, "candidate")  # a candidate-only Cast: no counterpart selected, said so
     assert side.right.canvas.selected == cast and side.left.canvas.selected == ""
     assert "inserted by the conversion" in side.numbers.value
@@ -142,6 +143,17 @@ def test_side_by_side_follows_the_current_run(fp16):
     run = state.begin_run("comparison", "third")
     state.end_run(run, "done", compare(state.model, "ort", "ort:fp16"))
     assert side.left.canvas.data["ids"] and run.tag in side.message.value
+
+
+def test_a_result_without_its_candidate_graph_says_why_instead_of_drawing(fp16):
+    from workbench.compare.result import CompareResult
+
+    panel = GraphPanel(FP16_SAMPLE)
+    _, result = fp16
+    panel.mode.value = "side"
+    panel.state.result = CompareResult.from_json(result.to_json())  # e.g. opened from a saved result
+    side = panel.side_by_side
+    assert side.left.canvas.data == {} and "not kept with this comparison" in side.message.value
 
 
 def scoped_model(n: int):

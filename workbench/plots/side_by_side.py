@@ -143,12 +143,14 @@ def side_payloads(ref_view: GraphView, cand_view: GraphView, match: NodeMatch, r
 
 def pair_numbers(result: Any, match: NodeMatch, ref: Any, cand: Any, name: str, side: str) -> dict:
     """Both sides' numbers of a selected node: ``{"reference": {node, op, tensor, type}, "candidate": {...},
-    "metrics": {...}, "diverged", "at_floor", "culprit": rank or None, "only": "candidate"|"reference"|""}``."""
+    "metrics": {...}, "floor": the candidate format's floor or None, "diverged", "at_floor", "culprit": rank or None,
+    "only": "candidate"|"reference"|""}``."""
     if side == "reference":
         r, c = name, match.ref_to_cand.get(name)
     else:
         r, c = match.cand_to_ref.get(name), name
-    out: dict[str, Any] = {"only": "" if r and c else side, "metrics": {}, "diverged": None, "at_floor": None,
+    out: dict[str, Any] = {"only": "" if r and c else side, "metrics": {}, "floor": None, "diverged": None,
+                           "at_floor": None,
                            "culprit": None, "reference": None, "candidate": None}
     tensor = next((t for t in (result.tensors if result is not None else []) if r and t.node == r), None)
     for key, graph, node, wanted in (("reference", ref, r, tensor.tensor if tensor else None),
@@ -165,6 +167,7 @@ def pair_numbers(result: Any, match: NodeMatch, ref: Any, cand: Any, name: str, 
                     "type": f"{(ti.dtype if ti is not None else None) or '?'} {dims}"}
     if tensor is not None:
         out["metrics"] = dict(tensor.metrics)
+        out["floor"] = dict(tensor.floor) if tensor.floor else None
         out["diverged"], out["at_floor"] = bool(tensor.diverged), bool(tensor.at_floor)
         out["culprit"] = next((k for k, cu in enumerate(result.culprits, 1) if cu.node == r), None)
     return out

@@ -316,6 +316,10 @@ def numbers_html(n: dict, result: Any, bands: Any) -> str:
                  f"\u25a0 {BAND_STYLE[band][1]}</span>") if band is not None else ""
         rows.append(f"<tr data-metric='{e(m)}'><th>{e(m)}</th><td colspan=2><span class='wb-sbs-value'>{_value(v)}"
                     f"</span> <span class='wb-muted'>{e(label)}</span>{badge}</td></tr>")
+    floor = n.get("floor") or {}
+    if metric and floor.get(metric) is not None:
+        rows.append(f"<tr><th>floor</th><td colspan=2>{_value(floor[metric])} <span class='wb-muted'>{e(metric)} of "
+                    f"the reference merely held in {e(str(floor.get('format', '')).upper())}</span></td></tr>")
     if n["diverged"] is not None:
         state = "diverged" if n["diverged"] else "at its floor" if n["at_floor"] else "within the criterion"
         rows.append(f"<tr><th>verdict</th><td colspan=2>{state}"
