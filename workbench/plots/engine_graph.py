@@ -50,10 +50,12 @@ def _hover(r: dict) -> str:
     return text
 
 
-def slowest_layers(source: Any, result: Any = None, top: int = 20) -> go.Figure:
+def slowest_layers(source: Any, result: Any = None, top: int = 20, bands: Any = None) -> go.Figure:
     """The ``top`` slowest executed nodes as horizontal bars (median ms per run), coloured by their worst tensor's
     error when a comparison is given (``result``), with fell-back nodes outlined in red. The colour is absolute: the
-    error's margin to the criterion's threshold in dB (``margin_db``), red when it fails, green 40 dB within."""
+    error's margin to the criterion's threshold in dB (``margin_db``), red when it fails, green 40 dB within. With
+    ``bands`` (:class:`~workbench.plots.thresholds.Bands` of the rows' metric: the user's colour thresholds) each
+    bar is its band's colour instead, the legend stating the thresholds."""
     rows = [r for r in _rows(source, result) if r.get("latency_ms") is not None][:top]
     labels = [esc(f"{k}. {_label(r['name'])}") for k, r in enumerate(rows, 1)]
     margins = [r.get("margin_db") for r in rows]
@@ -61,7 +63,12 @@ def slowest_layers(source: Any, result: Any = None, top: int = 20) -> go.Figure:
     threshold = next((r["threshold"] for r in rows if r.get("threshold") is not None), None)
     marker: dict = {"line": {"color": ["#d62728" if r.get("fell_back") else "rgba(0,0,0,0)" for r in rows],
                              "width": 2}}
-    if metric and any(m is not None for m in margins):
+    banded = bool(metric) and bands is not None and bands.metric == metric
+    if banded:
+        from .thresholds import band_color
+
+        marker["color"] = [band_color(bands.classify(r.get("error"))) or "#bdbdbd" for r in rows]
+    elif metric and any(m is not None for m in margins):
         low, high = MARGIN_RANGE
         marker.update(color=[float("nan") if m is None else min(max(m, low), high) for m in margins],
                       colorscale=MARGIN_COLORSCALE, cmin=low, cmax=high, showscale=True,
@@ -72,7 +79,10 @@ def slowest_layers(source: Any, result: Any = None, top: int = 20) -> go.Figure:
     else:
         marker["color"] = PALETTE[0]
     fig = go.Figure(go.Bar(y=labels, x=[r["latency_ms"] for r in rows], orientation="h", marker=marker,
-                           hovertext=[_hover(r) for r in rows], hoverinfo="text"))
+                           hovertext=[_hover(r) for r in rows], hoverinfo="text", showlegend=False))
+    if banded:
+        for label, color in bands.legend():
+            fig.add_trace(go.Bar(y=[None], x=[None], orientation="h", name=esc(label), marker_color=color))
     fig.update_layout(title=f"slowest {len(rows)} executed nodes" + (f", coloured by {metric}" if metric else ""),
                       template="plotly_white", xaxis={"title": "ms per run (median)", "rangemode": "tozero"},
                       yaxis={"autorange": "reversed"}, height=max(260, 90 + 22 * len(rows)),

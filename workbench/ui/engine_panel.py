@@ -21,6 +21,7 @@ from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
 from .style import heading, style_tag
 from .tables import kv_html, table_html
+from .thresholds_box import bands_in_use
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class EnginePanel(widgets.VBox):
         self.chart = widgets.Output()
         self.state.observe(lambda _: self._redraw(), "result")  # the error column follows the current comparison
         self.state.observe(self._on_state_graph, "engine_graph")
+        self.state.observe(lambda _: self._redraw(), "bands")  # the user's colour thresholds
         self.state.observe(lambda change: setattr(self.shapes, "value", change["new"]), "input_shapes")
         self.state.observe(lambda change: setattr(self.shapes, "placeholder", shapes_placeholder(change["new"])),
                            "model")
@@ -165,4 +167,4 @@ class EnginePanel(widgets.VBox):
               None if r["share"] is None else f"{r['share']:.1%}", r["error"], r["tensor"],
               ", ".join(r["onnx_nodes"][:4]) + (" ..." if len(r["onnx_nodes"]) > 4 else "")) for r in shown],
             classes=["bad" if r["fell_back"] or r["diverged"] else "" for r in shown], empty="no executed nodes")
-        show_figure(self.chart, slowest_layers(rows, top=self.top))
+        show_figure(self.chart, slowest_layers(rows, top=self.top, bands=bands_in_use(self.state)))

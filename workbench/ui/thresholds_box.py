@@ -27,7 +27,7 @@ def bands_in_use(state: WorkbenchState) -> Bands | None:
 
 
 class ThresholdsBox(widgets.VBox):
-    """Two fields (good, bad), Apply and "Run's defaults"; one clear line for input that cannot be used."""
+    """Two fields (good, bad), Apply and "Defaults"; one clear line for input that cannot be used."""
 
     def __init__(self, state: WorkbenchState) -> None:
         self.state = state
@@ -40,7 +40,7 @@ class ThresholdsBox(widgets.VBox):
             w.style.description_width = "40px"
         self.apply_button = widgets.Button(description="Apply", icon="check", layout=widgets.Layout(width="auto"),
                                            tooltip="colour the graph and the error plots by these thresholds")
-        self.reset_button = widgets.Button(description="Run's defaults", icon="undo",
+        self.reset_button = widgets.Button(description="Defaults", icon="undo",
                                            layout=widgets.Layout(width="auto"),
                                            tooltip="the thresholds of the current run's criterion")
         self.note = widgets.HTML("")
