@@ -247,3 +247,22 @@ def test_the_box_sets_the_bands_once_for_every_tab_and_says_what_is_wrong(fp16):
         assert state.bands == Bands("sqnr_db", 300.0, 250.0, "user")  # unchanged
     box.reset()
     assert state.bands is None and set(panel.canvas.data["color"]) != {RED}
+
+
+def test_the_thresholds_colour_the_engine_tabs_slowest_nodes(fp16):
+    from workbench import engine_graph
+    from workbench.engine_graphs.layers import layer_rows
+    from workbench.plots.engine_graph import slowest_layers
+
+    model, result = fp16
+    rows = layer_rows(engine_graph(model, "ort", runs=2), result)
+    compared = [r for r in rows if r["error"] is not None and r["latency_ms"] is not None]
+    assert compared
+    loose = Bands.parse("sqnr_db", "-30", "-40")  # every compared node of this run is good by these
+    strict = Bands.parse("sqnr_db", "300", "250")
+    colors = {b: slowest_layers(rows, bands=b).data[0].marker.color for b in (loose, strict)}
+    shown = [r for r in rows if r["latency_ms"] is not None][:20]
+    assert [c for c, r in zip(colors[loose], shown) if r["error"] is not None] == [GREEN] * len(compared)
+    assert [c for c, r in zip(colors[strict], shown) if r["error"] is not None] == [RED] * len(compared)
+    names = {html.unescape(t.name) for t in slowest_layers(rows, bands=strict).data if t.name}
+    assert "bad: sqnr_db < 250 dB" in names
