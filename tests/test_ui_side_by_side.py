@@ -266,3 +266,19 @@ def test_the_thresholds_colour_the_engine_tabs_slowest_nodes(fp16):
     assert [c for c, r in zip(colors[strict], shown) if r["error"] is not None] == [RED] * len(compared)
     names = {html.unescape(t.name) for t in slowest_layers(rows, bands=strict).data if t.name}
     assert "bad: sqnr_db < 250 dB" in names
+
+
+def test_back_to_one_graph_and_again_side_by_side_shows_the_newest_run(fp16):
+    panel = GraphPanel(FP16_SAMPLE)
+    state = panel.state
+    state.result = compare(state.model, "ort", "ort:fp16")
+    panel.mode.value = "side"
+    side = panel.side_by_side
+    first = side.match
+    panel.mode.value = "single"
+    assert panel.body.layout.display == "" and panel.side_box.layout.display == "none"
+    run = state.begin_run("comparison", "next")
+    state.end_run(run, "done", compare(state.model, "ort", "ort:fp16"))
+    panel.mode.value = "side"
+    assert side.match is not None and side.match is not first and run.tag in side.message.value
+    assert side.left.canvas.data["ids"]

@@ -35,7 +35,7 @@ from .graph_layout import layered_layout
 OVERLAYS = {
     "op_type": "operator type",
     "diverged": "diverged (full run)",
-    "error": "error vs tolerance (full run)",
+    "error": "error vs the colour bands (full run)",
     "introduced": "error introduced (culprits)",
     "precision": "precision",
     **ENGINE_OVERLAYS,

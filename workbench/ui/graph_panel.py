@@ -160,6 +160,8 @@ class GraphPanel(widgets.VBox):
         self.side_box.layout.display = "" if side else "none"
         if side:
             self.side_by_side.show()
+        elif self._side is not None:
+            self._side.active = False  # hidden: not laid out again for each new run until shown
 
     @property
     def side_by_side(self) -> SideBySide:

@@ -147,6 +147,7 @@ class SideBySide(widgets.VBox):
         if not self.active:  # built when shown (two layouts of a big graph are not free)
             self.left.clear()
             self.right.clear()
+            self.message.value = ""
             return
         try:
             cand, why = candidate_graph(result)
