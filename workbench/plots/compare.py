@@ -269,6 +269,8 @@ def band_spans(bands: Any, values: list[float], log: bool = False) -> list[tuple
 
     pts = [v for v in values if v is not None and math.isfinite(v) and (v > 0 or not log)]
     pts += [v for v in (bands.good, bands.bad) if v > 0 or not log]
+    if not pts:
+        return []
     lo, hi = min(pts), max(pts)
     if log:
         lo, hi = lo / 3.0, hi * 3.0
