@@ -145,13 +145,34 @@ def test_side_by_side_follows_the_current_run(fp16):
     assert side.left.canvas.data["ids"] and run.tag in side.message.value
 
 
-def test_a_result_without_its_candidate_graph_says_why_instead_of_drawing(fp16):
+def test_a_comparison_reopened_from_its_bundle_shows_the_variant_built_again(fp16, tmp_path):
+    from workbench.report.bundle import load_bundle, save_bundle
+
+    model, result = fp16
+    path = save_bundle(result, model, dest=tmp_path / "bundle")
+    panel = GraphPanel(FP16_SAMPLE)
+    panel.mode.value = "side"
+    with load_bundle(path) as bundle:
+        panel.state.result = bundle.result  # a run reopened from its bundle: no candidate model in memory
+    side = panel.side_by_side
+    assert "built again from the model" in side.message.value
+    assert set(side.match.candidate_only.values()) == {"Cast"} and len(side.match.ref_to_cand) == 7
+    side.select(CULPRIT, "candidate")
+    t = next(t for t in result.tensors if t.node == CULPRIT)
+    assert f"{t.metrics['sqnr_db']:.4g}" in side.numbers.value
+
+
+def test_a_result_without_its_candidate_graph_says_why_instead_of_drawing(fp16, tmp_path):
     from workbench.compare.result import CompareResult
 
+    model, _ = fp16
+    proto = onnx.load(FP16_SAMPLE)
+    proto.graph.node[0].name = "mine"
+    onnx.save(proto, tmp_path / "mine.onnx")
+    own = compare(model, "ort", "ort", cand_model=str(tmp_path / "mine.onnx"))
     panel = GraphPanel(FP16_SAMPLE)
-    _, result = fp16
     panel.mode.value = "side"
-    panel.state.result = CompareResult.from_json(result.to_json())  # e.g. opened from a saved result
+    panel.state.result = CompareResult.from_json(own.to_json())  # your own file, its path not recorded
     side = panel.side_by_side
     assert side.left.canvas.data == {} and "not kept with this comparison" in side.message.value
 

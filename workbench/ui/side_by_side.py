@@ -33,8 +33,11 @@ SIDE_OVERLAYS = {"error": "error vs your colour bands", "diverged": "diverged (f
 SHOWN_METRICS = ("sqnr_db", "cosine", "max_abs", "mean_abs", "norm_mean_abs", "nonfinite_mismatch")
 
 
-def candidate_graph(result: Any):
-    """The candidate's graph (a GraphInfo) the comparison ``result`` ran, or a reason it is not at hand."""
+def candidate_graph(result: Any, model: Any = None):
+    """(the candidate's graph (a GraphInfo) the comparison ``result`` ran, or None; a note: why it is missing, or
+    how it was obtained when not from the run itself). A result opened from a bundle has no run behind it: its own
+    candidate file is loaded from the path it recorded; a variant the tool built (FP16, INT8) is built again from
+    ``model`` (the same model, by sha256, and the same options: the converters are deterministic)."""
     from ..model.graph import GraphInfo
 
     plan = getattr(result, "plan", None)
@@ -43,13 +46,38 @@ def candidate_graph(result: Any):
         proto = getattr(plan, "cand_model", None)
     if proto is not None:
         return GraphInfo.build(proto), ""
-    source = (getattr(result, "run_options", None) or {}).get("cand_model")
-    if source is not None:
+    options = getattr(result, "run_options", None) or {}
+    if options.get("cand_model") is not None:
         from ..model.load import load_model
 
-        return load_model(source).graph, ""
+        return load_model(options["cand_model"]).graph, ""
+    rebuilt = _rebuilt_variant(result, model, options)
+    if rebuilt is not None:
+        return rebuilt, "built again from the model (this comparison was opened, not run, in this session)"
     return None, ("the candidate's graph is not kept with this comparison (it was opened from a file, not run in "
                   "this session): run it in Compare to see both graphs side by side")
+
+
+def _rebuilt_variant(result: Any, model: Any, options: dict):
+    """The tool's FP16 / INT8 variant of ``model`` made again for an opened ``result`` (None when it cannot be)."""
+    from ..model.graph import GraphInfo
+    from ..variants import make_variant
+
+    variant = str((getattr(result, "variant", None) or {}).get("variant") or "")
+    if model is None or variant not in ("fp16", "int8") or (result.model or {}).get("sha256") != model.fingerprint:
+        return None
+    calib = options.get("calibration_feeds") or getattr(result, "used_feeds", None)
+    if variant == "int8" and not calib:
+        return None
+    try:
+        made = make_variant(model.proto, variant, calibration_feeds=calib,
+                            keep_fp32=list(options.get("keep_fp32") or ()))
+        from ..core.shapes import infer_shapes_lenient
+
+        return GraphInfo.build(infer_shapes_lenient(made.model))
+    except Exception as e:  # noqa: BLE001 - a convenience: the reason it is missing is shown instead
+        log.info("the candidate variant could not be built again: %s", e)
+        return None
 
 
 def reference_graph(result: Any, model: Any):
@@ -150,7 +178,7 @@ class SideBySide(widgets.VBox):
             self.message.value = ""
             return
         try:
-            cand, why = candidate_graph(result)
+            cand, why = candidate_graph(result, model)
             if cand is None:
                 self.left.clear()
                 self.right.clear()
@@ -167,9 +195,10 @@ class SideBySide(widgets.VBox):
             return
         run = self.state.run_of(result)
         tag = f"{run.tag}: " if run is not None else ""
-        self.message.value = message_html(f"{tag}{self.match.summary()}. Click a node on either side: its "
-                                          "counterpart is selected on the other and both sides' numbers show below.",
-                                          "info")
+        self.message.value = message_html(f"{tag}{self.match.summary()}" + (f"; the candidate's graph {why}" if why
+                                                                             else "")
+                                          + ". Click a node on either side: its counterpart is selected on the other "
+                                          "and both sides' numbers show below.", "info")
         self.left.title.value = (f"<b>reference</b> {html.escape(str(result.reference))} "
                                  f"<span class='wb-muted'>{html.escape(model.name)}</span>")
         self.right.title.value = f"<b>candidate</b> {html.escape(candidate_text(result))} " + \
