@@ -14,6 +14,7 @@ pytestmark = pytest.mark.browser
 H = B.H
 CULPRIT = "/bn_big_var/BatchNormalization"
 GOOD, BAD = "#43a047", "#e53935"
+ANYWIDGET_SLOW_INIT = "[anywidget] Failed to initialize model."
 
 CELLS = [
     'import plotly.io as pio\n\npio.renderers.default = "plotly_mimetype"\nfrom pathlib import Path\n\n'
@@ -66,6 +67,12 @@ def test_side_by_side_links_the_two_graphs_and_follows_the_colour_thresholds(lab
     numbers.locator("text=inserted by the conversion").first.wait_for(timeout=30_000)
     page.wait_for_function("g => g.wbSelectedId() === ''", arg=left.element_handle(), timeout=30_000)
 
+    # and the other way: a click on a reference node selects the candidate's
+    pos = left.evaluate("g => g.wbNodePosition('/relu/Relu')")
+    page.mouse.click(pos["x"], pos["y"])
+    page.wait_for_function("g => g.wbSelectedId() === '/relu/Relu'", arg=right.element_handle(), timeout=30_000)
+    numbers.get_by_text("/relu/Relu_output_0").first.wait_for(timeout=30_000)
+
     # colour thresholds: /conv/Conv is good by the run's defaults (40 / 30 dB), bad by 300 / 250 dB, on both sides
     for g in (left, right):
         assert g.evaluate("g => g.wbNodeColor('/conv/Conv')") == GOOD
@@ -85,4 +92,14 @@ def test_side_by_side_links_the_two_graphs_and_follows_the_colour_thresholds(lab
     box.locator("text=is not a number").first.wait_for(timeout=30_000)
     assert "Traceback" not in box.inner_text()
     assert right.evaluate("g => g.wbNodeColor('/conv/Conv')") == BAD  # unchanged
-    assert not errors, errors
+    light = left.evaluate("g => g.wbColors().bg")
+    B.dark_theme(page)  # both graphs follow JupyterLab's theme
+    for g in (left, right):
+        page.wait_for_function("([g, light]) => g.wbColors().bg !== light", arg=[g.element_handle(), light],
+                               timeout=30_000)
+    right.scroll_into_view_if_needed()
+    H.screenshot(page, artifacts, "side-by-side-dark")
+    # anywidget rejects a model's "ready" promise when it takes over 2 s to initialise (AbortSignal.timeout(2000)
+    # in its runtime), which a loaded CI machine can hit while the two graph widgets start; both were drawn and
+    # answered every step above, so that message alone is not a failure here. Any other page error is.
+    assert not [e for e in errors if e != ANYWIDGET_SLOW_INIT], errors

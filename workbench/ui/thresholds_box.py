@@ -85,7 +85,9 @@ class ThresholdsBox(widgets.VBox):
         try:
             bands = Bands.parse(metric, self.good.value, self.bad.value)
         except Exception as e:  # noqa: BLE001 - bad input is one line in the box, never a traceback
-            self.note.value = error_html(e, "")
+            kept = bands_in_use(self.state)
+            self.note.value = error_html(e, "") + (message_html(f"still in use: {kept.describe()}", "info")
+                                                   if kept is not None else "")
             return None
         self.state.bands = bands  # every view redraws (observers); show() writes the note
         self.show()
