@@ -265,7 +265,8 @@ def test_the_box_sets_the_bands_once_for_every_tab_and_says_what_is_wrong(fp16):
                             ("", "30", "is empty")):
         assert box.apply(good=good, bad=bad) is None
         assert said in box.note.value and "Traceback" not in box.note.value and "wb-error" in box.note.value
-        assert state.bands == Bands("sqnr_db", 300.0, 250.0, "user")  # unchanged
+        assert state.bands == Bands("sqnr_db", 300.0, 250.0, "user")  # unchanged, and said so
+        assert "still in use: sqnr_db: good \u2265 300 dB" in box.note.value
     box.reset()
     assert state.bands is None and set(panel.canvas.data["color"]) != {RED}
 
