@@ -355,7 +355,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         metric=args.metric, out=args.out, nodes=args.nodes, max_builds=args.max_builds, batch=args.batch,
         verify=None if args.verify == "none" else args.verify, seed=args.seed, feed_count=args.feeds,
         memory_budget=args.memory_budget, preprocess=args.preprocess, workers=args.workers or 1,
-        executor=args.executor,
+        executor=args.executor, rewrites=not args.no_rewrites,
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         progress=_progress_logger() if args.verbose else None,
     )
@@ -697,6 +697,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "cluster) for the candidate evaluations")
     p.add_argument("--verify", default="ref", metavar="ENGINE", help="independent engine the repaired model is "
                    "verified on besides the candidate's (default: ref; none: skip)")
+    p.add_argument("--no-rewrites", action="store_true", help="FP32 islands only: do not first try rewrites that "
+                   "keep a culprit in FP16 (a clamped constant restored, a BatchNormalization folded or rescaled)")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
                    help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",

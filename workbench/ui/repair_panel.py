@@ -241,7 +241,11 @@ class RepairPanel(PairedPanel, widgets.VBox):
         if not self.highlight:
             return ""
         kind = getattr(self.result, "kind", "float")
-        return "kept in reference precision" if kind == "float" else "Q/DQ removed around"
+        if kind != "float":
+            return "Q/DQ removed around"
+        repairs = getattr(self.result, "repairs", None) or []
+        rewritten = any(r.get("kind") != "fp32-island" for r in repairs)
+        return "repaired (rewritten or kept in reference precision)" if rewritten else "kept in reference precision"
 
     def _on_kept(self, change: dict) -> None:
         self.highlight = highlight_ids(change["new"])
@@ -256,9 +260,15 @@ class RepairPanel(PairedPanel, widgets.VBox):
         self.summary.value = (f'<div class="wb-run">{html.escape(run.tag)}</div>' if run is not None else "") + \
             summary_html(doc)
         label = "kept in reference precision" if doc.get("kind") == "float" else "Q/DQ removed around"
+        repairs = doc.get("repairs") or [{"node": n, "kind": ""} for n in doc.get("kept") or []]
+        if any(r["kind"] not in ("fp32-island", "") for r in repairs):
+            label += " or rewritten in the candidate precision"
         buttons = []
-        for node in doc.get("kept") or []:
-            button = widgets.Button(description=node, icon="crosshairs", tooltip=f"select {node} in the graph",
+        for r in repairs:  # each with its kind: fp32-island, restore-constant, fold-bn, rescale, ...
+            node = r["node"]
+            kind = f" · {r['kind']}" if r["kind"] else ""
+            tip = f"select {node} in the graph" + (f" ({r['kind']}: {r['detail']})" if r.get("detail") else "")
+            button = widgets.Button(description=node + kind, icon="crosshairs", tooltip=tip,
                                     button_style="warning", layout=widgets.Layout(width="auto", max_width="520px"))
             button.on_click(lambda _b, n=node: self.select(n))
             buttons.append(button)
@@ -281,7 +291,7 @@ class RepairPanel(PairedPanel, widgets.VBox):
         self.download.value = download_html(path, "Download the repaired model") if path else ""
         self.result = result
         self.stale = False
-        self.kept = list(doc.get("kept") or [])
+        self.kept = list(dict.fromkeys(r["node"] for r in repairs))  # every repaired node is ringed
 
     def select(self, node: str) -> None:
         """Select ``node`` in every panel and bring the graph forward."""
