@@ -1,0 +1,132 @@
+"""Rewrite repairs before FP32 islands, on real PP-OCR detectors (workbench/repair/rewrites.py).
+
+The truth is computed without the workbench: onnxruntime runs the FP32 model and the saved repaired model, ocr_truth
+decodes the DB text masks, onnx reads the repaired model's nodes and constants.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from workbench.repair import repair
+from workbench.repair.graph import constants
+from workbench.repair.rewrites import RewriteFinder, apply_rewrites
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
+CLAMP = SAMPLES / "fp16_clamp_constant.onnx"
+BN = "/bn_big_var/BatchNormalization"
+QUICK = {"impact": 0, "max_culprits": 8}  # a shorter comparison: the culprit ranks first without measured impact
+
+
+def float_weight_types(model: onnx.ModelProto) -> set[int]:
+    """Element types of the float weights (initializers and Constant tensors larger than a scalar)."""
+    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node if n.op_type == "Constant"
+                                               for a in n.attribute if a.name == "value"]
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
+    return {t.data_type for t in tensors if t.data_type in floats and int(np.prod(t.dims)) > 1}
+
+
+def test_sample_batchnorm_is_folded_before_any_island(tmp_path):
+    res = repair(str(CLAMP), "ort", "ort:fp16", out=tmp_path / "fixed.onnx", verify=None)
+    assert res.met and res.kept == []
+    assert [(r["node"], r["kind"], r.get("into")) for r in res.repairs] == [(BN, "fold-bn", "/conv/Conv")]
+    # a rewrite costs no island: it is tried first, and no island set was ever evaluated
+    assert [e["how"] for e in res.evaluations] == ["baseline", "rewrite", "verify"]
+    fixed = onnx.load(str(tmp_path / "fixed.onnx"))
+    assert BN not in {n.name for n in fixed.graph.node}
+    assert float_weight_types(fixed) == {TensorProto.FLOAT16}
+    doc = res.to_json()
+    assert doc["schema"] == "workbench.repair/1" and doc["repairs"][0]["kind"] == "fold-bn"
+    assert "fold-bn" in res.render()
+    # without rewrites: the FP32 island, and the JSON says so
+    res = repair(str(CLAMP), "ort", "ort:fp16", verify=None, rewrites=False)
+    assert res.kept == [BN] and res.to_json()["repairs"] == [{"node": BN, "kind": "fp32-island"}]
+
+
+def test_islands_remain_where_no_rewrite_applies():
+    """cnn_fp16_overflow: activations, not constants, overflow FP16: no rewrite, two FP32 islands."""
+    res = repair(str(SAMPLES / "cnn_fp16_overflow.onnx"), "ref", "ref:fp16", verify=None)
+    assert res.met and {r["kind"] for r in res.repairs} == {"fp32-island"}
+    assert [r["node"] for r in res.repairs] == res.kept == ["/stage2/conv/Conv", "/stage2/scale/Mul"]
+
+
+def test_real_v4_detector_from_fp32_keeps_no_island(fetch_model, tmp_path):
+    """`repair FP32 --cand ort:fp16` on PP-OCRv4 det: the converter clamps a BatchNormalization variance 9.8e7 to
+    65504; the BN is folded into its Conv, every weight stays FP16, and the text mask comes back."""
+    import ocr_truth
+
+    fp32 = fetch_model("ppocr-det")
+    feeds = ocr_truth.make_feeds("ppocr-det", small=True)
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(fp32), "ort", "ort:fp16", feeds=feeds, out=out, verify=None, **QUICK)
+    assert res.met and res.kept == [], res.render()
+    assert [(r["node"], r["kind"], r["into"]) for r in res.repairs] == [
+        ("p2o.BatchNormalization.1", "fold-bn", "p2o.Conv.61")]
+    fixed = onnx.load(str(out))
+    onnx.checker.check_model(fixed)
+    assert "p2o.BatchNormalization.1" not in {n.name for n in fixed.graph.node}
+    assert float_weight_types(fixed) == {TensorProto.FLOAT16}
+    ref = ocr_truth.run_model(fp32, feeds)
+    fixed_truth = ocr_truth.task_truth("det", ref, ocr_truth.run_model(out, feeds))
+    assert fixed_truth["healthy"] and fixed_truth["detail"]["max_flip_fraction"] < 0.001, fixed_truth
+    # the candidate as converted does flip the mask: the rewrite is what fixes it
+    onnx.save(res.plan.cand_model, str(tmp_path / "as_converted.onnx"))
+    broken = ocr_truth.task_truth("det", ref, ocr_truth.run_model(tmp_path / "as_converted.onnx", feeds))
+    assert not broken["healthy"], broken
+
+
+def test_real_v5_detector_clamped_variance_is_restored_in_fp16(fetch_model, tmp_path):
+    """PP-OCRv5 det converted by onnxconverter-common (max_finite_val 1e4): a variance FP16 holds (3.5e4) was
+    clamped to 1e4; repair restores it in FP16 and keeps the node in FP16 (the user's own file, npz folder)."""
+    import ocr_truth
+
+    fp32 = fetch_model("ppocrv5-det")
+    fp16 = ocr_truth.make_fp16(fp32, "occ", tmp_path / "mine.fp16.onnx")
+    feeds = ocr_truth.make_feeds("ppocrv5-det", small=True)
+    folder = ocr_truth.save_feeds(feeds, tmp_path / "feeds")
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(fp32), "ort", "ort", cand_model=str(fp16), feeds=str(folder), out=out, verify=None, **QUICK)
+    assert res.met and "restore-constant" in res.render(), res.render()
+    doc = json.loads(json.dumps(res.to_json(), allow_nan=False))
+    assert doc["kept"] == [] and [r["kind"] for r in doc["repairs"]] == ["restore-constant"]
+    node = doc["repairs"][0]["node"]
+    fixed, mine, ref = onnx.load(str(out)), onnx.load(str(fp16)), onnx.load(str(fp32))
+    bn = next(n for n in fixed.graph.node if n.name == node)
+    var = constants(fixed)[bn.input[4]]
+    assert var.data_type == TensorProto.FLOAT16  # still FP16, the reference's value rounded to it
+    want = numpy_helper.to_array(constants(ref)[bn.input[4]]).astype(np.float16)
+    assert np.array_equal(numpy_helper.to_array(var), want) and float(want.max()) > 1e4
+    assert float(numpy_helper.to_array(constants(mine)[bn.input[4]]).max()) == pytest.approx(1e4, rel=1e-3)
+    truth = ocr_truth.task_truth("det", ocr_truth.run_model(fp32, feeds), ocr_truth.run_model(out, feeds))
+    assert truth["healthy"], truth
+
+
+def test_rescale_keeps_the_real_v3_detector_batchnorm_in_fp16(fetch_model, tmp_path):
+    """The alternative to folding: the variance (4.8e7) moved into the BatchNormalization's scale, every parameter
+    FP16, the same text mask."""
+    import ocr_truth
+
+    fp32 = fetch_model("ppocrv3-det")
+    fp16 = onnx.load(str(ocr_truth.make_fp16(fp32, "ort", tmp_path / "fp16.onnx")))
+    finder = RewriteFinder(fp16, constants(onnx.load(str(fp32))))
+    node = finder.idx.by_name["BatchNormalization_47"]
+    assert [name for _, name, _ in finder.changed(node)] == ["batch_norm_47.w_2"]  # the clamped variance
+    rewrite = finder._rescale_bn(node, np.float16)
+    assert rewrite is not None and rewrite.kind == "rescale"
+    fixed = apply_rewrites(fp16, [rewrite])
+    onnx.save(fixed, str(tmp_path / "fixed.onnx"))
+    bn = next(n for n in fixed.graph.node if n.name == "BatchNormalization_47")
+    params = [constants(fixed)[t] for t in bn.input[1:5]]
+    assert all(p.data_type == TensorProto.FLOAT16 for p in params)
+    assert float(np.abs(numpy_helper.to_array(params[3]).astype(np.float32) - 1).max()) < 1e-3
+    feeds = ocr_truth.make_feeds("ppocrv3-det", small=True)
+    ref = ocr_truth.run_model(fp32, feeds)
+    assert ocr_truth.task_truth("det", ref, ocr_truth.run_model(tmp_path / "fixed.onnx", feeds))["healthy"]
+    onnx.save(fp16, str(tmp_path / "fp16.onnx"))
+    assert not ocr_truth.task_truth("det", ref, ocr_truth.run_model(tmp_path / "fp16.onnx", feeds))["healthy"]
