@@ -49,11 +49,35 @@ def test_sample_batchnorm_is_folded_before_any_island(tmp_path):
     assert res.kept == [BN] and res.to_json()["repairs"] == [{"node": BN, "kind": "fp32-island"}]
 
 
-def test_islands_remain_where_no_rewrite_applies():
-    """cnn_fp16_overflow: activations, not constants, overflow FP16: no rewrite, two FP32 islands."""
-    res = repair(str(SAMPLES / "cnn_fp16_overflow.onnx"), "ref", "ref:fp16", verify=None)
-    assert res.met and {r["kind"] for r in res.repairs} == {"fp32-island"}
-    assert [r["node"] for r in res.repairs] == res.kept == ["/stage2/conv/Conv", "/stage2/scale/Mul"]
+def test_a_scale_after_an_overflowing_conv_moves_into_its_weights(tmp_path):
+    """cnn_fp16_overflow on ref:fp16 (numpy FP16 arithmetic): /stage2/conv/Conv's outputs pass 65504 before
+    /stage2/scale/Mul (x 1e-4) brings them back. Moving the scale into the Conv's weights keeps both in FP16;
+    without rewrites both are FP32 islands. The truth: onnxruntime on the FP32 and the saved model."""
+    model = SAMPLES / "cnn_fp16_overflow.onnx"
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(model), "ref", "ref:fp16", out=out, verify="ort")
+    assert res.met and res.kept == [] and res.verification["independent"]["met"], res.render()
+    assert [(r["node"], r["kind"], r["into"]) for r in res.repairs] == [
+        ("/stage2/scale/Mul", "fold-scale", "/stage2/conv/Conv")]
+    fixed = onnx.load(str(out))
+    assert "/stage2/scale/Mul" not in {n.name for n in fixed.graph.node}
+    assert float_weight_types(fixed) == {TensorProto.FLOAT16}
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+    assert np.array_equal(ref.argmax(-1), got.argmax(-1)) and np.abs(got - ref).max() < 1e-2 * np.abs(ref).max()
+    res = repair(str(model), "ref", "ref:fp16", verify=None, rewrites=False)
+    assert [r["kind"] for r in res.repairs] == ["fp32-island", "fp32-island"]
+
+
+def test_islands_remain_where_no_rewrite_fixes_it(tmp_path):
+    """mlp_external: fc2's weights are below FP16's smallest subnormal; rounding them to FP16 (what a rewrite could
+    restore) still flushes them, so fc2 stays an FP32 island, and is the only repair reported."""
+    res = repair(str(SAMPLES / "external_data" / "mlp_external.onnx"), "ort", "ort:fp16", verify=None)
+    assert res.met and res.kept == ["/fc2/MatMul"]
+    assert res.repairs == [{"node": "/fc2/MatMul", "kind": "fp32-island"}]
 
 
 def test_real_v4_detector_from_fp32_keeps_no_island(fetch_model, tmp_path):

@@ -14,6 +14,11 @@ A culprit whose cause is a constant the converter changed (clamped to its ``max_
 ``rescale``
     the same BatchNormalization, when it cannot be folded: its variance moved into its scale (``scale' = s``,
     ``var' = 1 - eps``), the same function with every parameter in range.
+``fold-scale``
+    a constant scale (``Mul``/``Div`` by a scalar or per-channel constant) after a Conv that feeds it alone, moved
+    across the Conv into its weights and bias (``W' = W * c``, ``B' = B * c``), and the Mul removed: a Conv whose
+    output overflows the format before the scale brings it back (values past 65504, then ``* 1e-4``) then
+    computes in range. Same conditions on the folded weights as ``fold-bn``.
 
 A rewrite changes constants only (plus, for ``fold-bn``, removes the BatchNormalization), keeps every other
 tensor's name, and is always cheaper than an FP32 island: no node and no weight byte is left in high precision.
@@ -35,7 +40,7 @@ from .graph import NARROW, PREFIX, GraphIndex, Names, constant_tensor, prune, us
 
 log = logging.getLogger(__name__)
 
-KINDS = ("restore-constant", "fold-bn", "rescale", "fp32-island")
+KINDS = ("restore-constant", "fold-bn", "rescale", "fold-scale", "fp32-island")
 _NP = {TensorProto.FLOAT16: np.float16}
 #: folded weights must keep this SQNR (dB) in the low precision, or the fold would trade one error for another
 MIN_FOLD_SQNR_DB = 50.0
@@ -127,14 +132,15 @@ class RewriteFinder:
 
     def find(self, nodes: Iterable[str]) -> list[Rewrite]:
         """The rewrite of each of ``nodes`` (candidate names) that has one, in the given order."""
-        found = []
+        found, removed = [], set()
         for name in nodes:
             node = self.idx.by_name.get(name)
             if node is None or node.op_type == "Constant":
                 continue
-            rewrite = self.rewrite(node)
-            if rewrite is not None:
+            rewrite = self.rewrite(node) or self._fold_scale(node)
+            if rewrite is not None and (rewrite.remove is None or rewrite.remove not in removed):
                 found.append(rewrite)
+                removed.add(rewrite.remove)
         return found
 
     def rewrite(self, node: onnx.NodeProto) -> Rewrite | None:
@@ -174,43 +180,93 @@ class RewriteFinder:
 
     def _fold_bn(self, node: onnx.NodeProto, dtype) -> Rewrite | None:
         params = self._bn_params(node)
-        conv = self.idx.producer.get(node.input[0])
-        if params is None or conv is None or conv.op_type not in ("Conv", "ConvTranspose") or not conv.name:
+        conv = self._foldable_conv(node.input[0]) if params is not None else None
+        if conv is None:
             return None
-        x = node.input[0]
-        if self.uses.get(x, 0) != 1 or x in self.idx.graph_outputs or len(conv.input) < 2:
+        _, (scale, bias, mean, var), eps = params
+        s = scale / np.sqrt(var + eps)
+        folded = self._fold(conv, s, bias - mean * s, dtype)
+        if folded is None:
             return None
-        group = next((a.i for a in conv.attribute if a.name == "group"), 1)
-        if conv.op_type == "ConvTranspose" and group != 1:
+        values, where, fidelity = folded
+        return Rewrite(node.name, "fold-bn", f"folded into {conv.name} (weights {fidelity:.0f} dB in the format)",
+                       values, where, into=conv.name, remove=node.name)
+
+    # --- a scale after a Conv -------------------------------------------------------------------------------
+    def _foldable_conv(self, x: str) -> onnx.NodeProto | None:
+        """The Conv (or group-1 ConvTranspose) writing ``x`` when ``x`` is read by one node only and is no graph
+        output, with constant weights (and bias)."""
+        conv = self.idx.producer.get(x)
+        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or not conv.name or len(conv.input) < 2:
             return None
+        if self.uses.get(x, 0) != 1 or x in self.idx.graph_outputs:
+            return None
+        if conv.op_type == "ConvTranspose" and next((a.i for a in conv.attribute if a.name == "group"), 1) != 1:
+            return None
+        if self._const(conv.input[1]) is None or (len(conv.input) > 2 and conv.input[2] and
+                                                  self._const(conv.input[2]) is None):
+            return None
+        return conv
+
+    def _fold(self, conv: onnx.NodeProto, s: np.ndarray, shift: np.ndarray | None, dtype
+              ) -> tuple[dict, dict, float] | None:
+        """New weight and bias of ``conv`` for output channels scaled by ``s`` (then ``+ shift``), from the
+        reference's values; None when they do not fit the format or lose precision there."""
         w_name = self._const(conv.input[1])
         b_name = self._const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-        if w_name is None or (len(conv.input) > 2 and conv.input[2] and b_name is None):
-            return None
         w = self._ref(w_name, self.idx.consts[w_name])
         b = self._ref(b_name, self.idx.consts[b_name]) if b_name else None
         if w is None or (b_name and b is None):
             return None
-        (_, _, _, _), (scale, bias, mean, var), eps = params
-        s = scale / np.sqrt(var + eps)
         axis = 1 if conv.op_type == "ConvTranspose" else 0
-        if w.shape[axis] != s.shape[0]:
+        s = np.asarray(s, np.float64).ravel()
+        if s.size not in (1, w.shape[axis]):
             return None
+        s = np.broadcast_to(s, (w.shape[axis],))
         shape = [1] * w.ndim
         shape[axis] = -1
         w2 = w * s.reshape(shape)
-        b2 = ((b if b is not None else 0.0) - mean) * s + bias
+        b2 = (b if b is not None else 0.0) * s + (shift if shift is not None else 0.0)
+        b2 = np.broadcast_to(b2, (w.shape[axis],)).astype(np.float64)
         if not (_fits(w2, dtype) and _fits(b2, dtype)):
             return None
         fidelity = _sqnr_db(w2, dtype)
         if fidelity < MIN_FOLD_SQNR_DB:
-            log.info("fold of %s into %s: folded weights keep %.1f dB in the format, not folding", node.name,
-                     conv.name, fidelity)
+            log.info("fold into %s: folded weights keep %.1f dB in the format, not folding", conv.name, fidelity)
             return None
         new_w, new_b = f"{w_name}::{PREFIX}_fold", f"{b_name or conv.name + '/bias'}::{PREFIX}_fold"
-        return Rewrite(node.name, "fold-bn", f"folded into {conv.name} (weights {fidelity:.0f} dB in the format)",
-                       {new_w: w2, new_b: b2}, {new_w: (conv.name, 1), new_b: (conv.name, 2)}, into=conv.name,
-                       remove=node.name)
+        return {new_w: w2, new_b: b2}, {new_w: (conv.name, 1), new_b: (conv.name, 2)}, fidelity
+
+    def _fold_scale(self, node: onnx.NodeProto) -> Rewrite | None:
+        """fold-scale for a Mul/Div by a constant after a foldable Conv (``node``: the Mul/Div, or the Conv)."""
+        if node.op_type in ("Conv", "ConvTranspose"):
+            readers = self.idx.consumers.get(node.output[0], []) if node.output else []
+            if len(readers) != 1 or readers[0].op_type not in ("Mul", "Div"):
+                return None
+            node = readers[0]
+        if node.op_type not in ("Mul", "Div") or len(node.input) != 2 or not node.name:
+            return None
+        slots = [1, 0] if node.op_type == "Mul" else [1]
+        for k in slots:
+            c_name, x = self._const(node.input[k]), node.input[1 - k]
+            conv = self._foldable_conv(x) if c_name is not None else None
+            if conv is None:
+                continue
+            c = self._ref(c_name, self.idx.consts[c_name])
+            if c is None or not np.all(np.isfinite(c)) or (node.op_type == "Div" and np.any(c == 0)):
+                return None
+            if c.size > 1 and (c.ndim < 3 or c.shape[-3] != c.size):
+                return None  # only a scalar or a per-channel scale shaped (C, 1, 1) / (1, C, 1, 1)
+            s = 1.0 / c if node.op_type == "Div" else c
+            dtype = _NP.get(self.idx.consts[c_name].data_type)
+            folded = self._fold(conv, s.ravel(), None, dtype)
+            if folded is None:
+                return None
+            values, where, fidelity = folded
+            shown = f"{float(c.ravel()[0]):.4g}" if c.size == 1 else f"{c.size} channel scales"
+            return Rewrite(node.name, "fold-scale", f"{node.op_type} by {shown} moved into {conv.name} (weights "
+                           f"{fidelity:.0f} dB in the format)", values, where, into=conv.name, remove=node.name)
+        return None
 
     def _rescale_bn(self, node: onnx.NodeProto, dtype) -> Rewrite | None:
         params = self._bn_params(node)
