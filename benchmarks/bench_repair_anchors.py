@@ -290,24 +290,28 @@ def table(rows: list[dict]) -> str:
 
 
 def verdict(rows: list[dict]) -> list[str]:
-    """Per model where ours and an AutoCast run both meet the task: fewer/equal/more high-precision nodes/bytes."""
-    out = []
-    for name in dict.fromkeys(r["model"] for r in rows if r["precision"] == "fp16"):
-        mine = next((r for r in rows if r["model"] == name and r["tool"] == "workbench"), None)
-        for other in (r for r in rows if r["model"] == name and r["tool"].startswith("autocast")):
-            if not (mine and mine["met"] and other["met"]):
-                who = [t for t, r in (("workbench", mine), (other["tool"], other)) if not (r and r["met"])]
-                out.append(f"{name} vs {other['tool']}: not both met ({', '.join(who)} did not)")
-                continue
-            n, b = (mine["high_nodes"], other["high_nodes"]), (mine["high_weight_bytes"], other["high_weight_bytes"])
-            word = "fewer" if n[0] < n[1] and b[0] <= b[1] else "no more" if n[0] <= n[1] and b[0] <= b[1] \
-                else "MORE"
-            out.append(f"{name} vs {other['tool']}: {word} (nodes {n[0]} vs {n[1]}, weight bytes {b[0]} vs {b[1]})")
-    both = [x for x in out if "not both met" not in x]
-    fewer = sum(x.split(": ", 1)[1].startswith("fewer") for x in both)
-    more = sum(x.split(": ", 1)[1].startswith("MORE") for x in both)
-    out.append(f"where both met: workbench keeps strictly fewer high-precision nodes on {fewer} of {len(both)} "
-               f"pairs, more on {more}")
+    """Per model and precision, ours (a tool named workbench...) against each other tool: fewer/no more/MORE
+    high-precision nodes and weight bytes where both meet the task."""
+    out, pairs = [], []
+    for precision in dict.fromkeys(r["precision"] for r in rows):
+        mine_rows = [r for r in rows if r["precision"] == precision]
+        for name in dict.fromkeys(r["model"] for r in mine_rows):
+            here = [r for r in mine_rows if r["model"] == name]
+            mine = next((r for r in here if str(r["tool"]).startswith("workbench")), None)
+            for other in (r for r in here if r is not mine):
+                label = f"{name} ({precision}) vs {other['tool']}"
+                if not (mine and mine["met"] and other["met"]):
+                    who = [t for t, r in (("workbench", mine), (other["tool"], other)) if not (r and r["met"])]
+                    out.append(f"{label}: not both met ({', '.join(who)} did not)")
+                    continue
+                n = (mine["high_nodes"], other["high_nodes"])
+                b = (mine["high_weight_bytes"], other["high_weight_bytes"])
+                word = "fewer" if n[0] < n[1] and b[0] <= b[1] else "no more" if n[0] <= n[1] and b[0] <= b[1] \
+                    else "MORE"
+                pairs.append(word)
+                out.append(f"{label}: {word} (nodes {n[0]} vs {n[1]}, weight bytes {b[0]} vs {b[1]})")
+    out.append(f"where both met: workbench keeps strictly fewer high-precision nodes on {pairs.count('fewer')} of "
+               f"{len(pairs)} pairs, more nodes or bytes on {pairs.count('MORE')}")
     return out
 
 

@@ -22,9 +22,10 @@ _THRESHOLD = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\S+)\s*$")
 
 
 def load_metric(spec: str | Callable) -> tuple[Callable, str]:
-    """(function, label) for ``module:function`` or ``path/to/file.py:function`` (or a callable), loaded the way
-    dataset metrics and preprocessing are (:func:`workbench.dataset.source.load_function`); a ``sys.exit()`` in it
-    is an error of the metric, not the end of the run."""
+    """(function, label) for a built-in task metric of compare (``top1``, ``topk:K``, ``ctc``, ``mask_iou:T``: its
+    first result, e.g. the mask IoU), ``module:function`` or ``path/to/file.py:function`` (or a callable), loaded
+    the way dataset metrics and preprocessing are (:func:`workbench.dataset.source.load_function`); a
+    ``sys.exit()`` in it is an error of the metric, not the end of the run."""
     from ..dataset.metrics import BUILTIN, parse_metric
     from ..dataset.source import guarded, load_function
     from ..errors import InputError

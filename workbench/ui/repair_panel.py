@@ -1,6 +1,7 @@
 """Repair panel: pick two engines/precisions (or your own candidate file), inputs and a target; run repair() on a
-thread with a progress bar and Cancel; show whether the target is met, the nodes kept in reference precision
-(each one a button that selects it in the graph, where they are highlighted), the cost (evaluations, builds),
+thread with a progress bar and Cancel; show whether the target is met, the nodes repaired, each with its kind
+(fp32-island, or a rewrite that keeps it in the candidate precision: restore-constant, fold-bn, rescale,
+fold-scale; each one a button that selects it in the graph, where they are highlighted), the cost (evaluations, builds),
 every output before and after, the share of weight bytes still in the candidate precision and the verification
 on the candidate and an independent engine. The repaired model is written to a fresh folder under the output
 folder (a temporary one unless you chose one: never the working directory) with a download link; "Make a bug
@@ -42,9 +43,10 @@ class RepairPanel(PairedPanel, widgets.VBox):
     """``RepairPanel(model)``; ``run()`` starts a repair (also what the Run button does), ``wait()`` joins it,
     ``make_bug_report()`` runs reduce() and zips its folder.
 
-    ``kept`` lists the nodes of the current result kept in reference precision (empty when there is no current
-    result: before a run, while one runs, after Cancel or a failure); ``highlight`` is what a graph view should
-    ring for them (the nodes and the name scopes holding them, so collapsed views show them too). ``compare=``
+    ``kept`` lists the nodes of the current result repaired, kept in reference precision or rewritten (empty
+    when there is no current result: before a run, while one runs, after Cancel or a failure); ``highlight`` is
+    what a graph view should ring for them (the nodes and the name scopes holding them, so collapsed views show
+    them too). ``compare=``
     (a :class:`~workbench.ui.ComparePanel` on the same state) shares its inputs and keeps the engine pickers in
     step with it; :meth:`link_graph` rings the kept nodes in a :class:`~workbench.ui.GraphPanel`."""
 
