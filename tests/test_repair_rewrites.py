@@ -154,3 +154,28 @@ def test_rescale_keeps_the_real_v3_detector_batchnorm_in_fp16(fetch_model, tmp_p
     assert ocr_truth.task_truth("det", ref, ocr_truth.run_model(tmp_path / "fixed.onnx", feeds))["healthy"]
     onnx.save(fp16, str(tmp_path / "fp16.onnx"))
     assert not ocr_truth.task_truth("det", ref, ocr_truth.run_model(tmp_path / "fp16.onnx", feeds))["healthy"]
+
+
+def test_cli_from_fp32_with_a_built_in_task_metric_reports_each_kind(tmp_path, capsys):
+    """`workbench repair FP32 --cand ort:fp16 --metric top1 --target '>=1'`: compare's built-in task metrics work
+    as repair targets; the text and the JSON name each repair's kind; --no-rewrites gives the FP32 island."""
+    from workbench.cli import main
+
+    out, js = tmp_path / "fixed.onnx", tmp_path / "r.json"
+    feeds = tmp_path / "feeds"
+    feeds.mkdir()
+    for s in range(3):
+        x = np.random.default_rng(s).standard_normal((1, 4, 16, 16)).astype(np.float32)
+        np.savez(feeds / f"{s}.npz", image=x)
+    args = ["repair", str(CLAMP), "--cand", "ort:fp16", "--inputs", str(feeds), "--metric", "top1", "--target",
+            ">=1", "--verify", "none", "--out", str(out), "--json", str(js)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "top1 >= 1 on the worst feed" in text and f"{BN} (fold-bn: folded into /conv/Conv" in text, text
+    doc = json.loads(js.read_text())
+    assert doc["target"]["metric"] == "top1" and doc["after"]["value"] == 1.0
+    assert [(r["node"], r["kind"]) for r in doc["repairs"]] == [(BN, "fold-bn")] and doc["kept"] == []
+    js2 = tmp_path / "r2.json"
+    assert main([*args[:-4], "--out", str(tmp_path / "f2.onnx"), "--json", str(js2), "--no-rewrites"]) == 0
+    assert "kept in reference precision (fp32-island): " + BN in capsys.readouterr().out
+    assert json.loads(js2.read_text())["repairs"] == [{"node": BN, "kind": "fp32-island"}]

@@ -677,8 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pair_arguments(p, "repair this file (your own FP16/QDQ export) instead of the tool's variant")
     p.add_argument("--target", metavar="TEXT", help="without --metric: a criterion every output must pass on every "
                    "feed, e.g. sqnr_db<40 (default: the candidate precision's); with --metric: OP NUMBER, e.g. >=0.99")
-    p.add_argument("--metric", metavar="module:function", help="task metric fn(reference_outputs, "
-                   "candidate_outputs) -> number|bool per feed (module:function or path/file.py:function)")
+    p.add_argument("--metric", metavar="module:function", help="task metric: top1, topk:K, ctc, mask_iou:T (as "
+                   "compare's), or fn(reference_outputs, candidate_outputs) -> number|bool per feed (module:function "
+                   "or path/file.py:function)")
     p.add_argument("--out", required=True, type=FILE_OUT, metavar="FIXED.onnx",
                    help="where to write the repaired model")
     p.add_argument("--nodes", nargs="+", metavar="NODE", help="search among these nodes (reference names, best "
