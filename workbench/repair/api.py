@@ -68,7 +68,7 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     ``preprocess`` -- ``module:function`` or ``file.py:function`` taking an image path --, a
     :class:`~workbench.dataset.source.Dataset`, a generator, a DataLoader), read into memory within the memory
     budget. ``workers``/``executor``: evaluate the search's candidate sets on N local processes or on Ray
-    (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. ``rewrites``: for FP16/BF16 candidates, first
+    (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. ``rewrites``: for FP16 candidates, first
     try rewrites that keep culprits in the candidate precision (:mod:`workbench.repair.rewrites`: a clamped constant
     restored, a BatchNormalization folded or rescaled), islands only for what they leave. Other keywords are
     compare() options (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``, ``impact``, ``memory_budget``,

@@ -1,4 +1,4 @@
-"""Rewrite repairs: fix a culprit in the candidate's own precision (FP16/BF16) instead of keeping it in FP32.
+"""Rewrite repairs: fix a culprit in the candidate's own precision (FP16; not BF16) instead of keeping it in FP32.
 
 A culprit whose cause is a constant the converter changed (clamped to its ``max_finite_val``, flushed below its
 ``min_positive_val``) can often stay in the low precision:
