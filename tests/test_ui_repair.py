@@ -49,7 +49,8 @@ def test_repair_keeps_the_clamped_batchnorm_rings_it_and_offers_the_model(chdir_
     assert panel.wait(120)
     assert panel.jobs.error is None, panel.jobs.status.value
     assert panel.kept == [CULPRIT] and not panel.stale and not panel.run_button.disabled
-    assert panel.result.met and panel.result.kept == [CULPRIT]
+    assert panel.result.met and panel.result.kept == []  # no FP32 island: the BN is folded into its Conv
+    assert [(r["node"], r["kind"]) for r in panel.result.repairs] == [(CULPRIT, "fold-bn")]
     # met / not met, the cost
     assert "target MET: every output passes (sqnr_db &lt; 30" in panel.summary.value
     assert re.search(r"\d+ evaluations, \d+ candidate builds", panel.summary.value)
@@ -58,7 +59,7 @@ def test_repair_keeps_the_clamped_batchnorm_rings_it_and_offers_the_model(chdir_
     assert "<th>sqnr_db before</th>" in table and "<td>logits</td>" in table
     assert "<td>fails</td><td>passes</td>" in table
     details = panel.details.value
-    assert "FP16 share of the weight bytes: 100.00% before, <b>84.24%</b> after (684 of 812 bytes)" in details
+    assert "FP16 share of the weight bytes: 100.00% before, <b>100.00%</b> after (684 of 684 bytes)" in details
     assert "verified on candidate (ort): met" in details and "verified on independent (ref" in details
     assert "onnx checker: ok" in details
     assert "application/vnd.plotly.v1+json" in panel.chart.outputs[0]["data"]
@@ -74,7 +75,7 @@ def test_repair_keeps_the_clamped_batchnorm_rings_it_and_offers_the_model(chdir_
     # the kept node is ringed in the graph; clicking it selects it there and brings the graph forward
     assert CULPRIT in graph.canvas.highlight and "scope:/bn_big_var" in graph.canvas.highlight
     button = panel.kept_rows.children[1]
-    assert button.description == CULPRIT
+    assert button.description == f"{CULPRIT} · fold-bn"
     button.click()
     assert wb.state.selected == CULPRIT and wb.tabs.selected_index == 3
     assert graph.canvas.selected == CULPRIT

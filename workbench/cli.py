@@ -355,7 +355,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         metric=args.metric, out=args.out, nodes=args.nodes, max_builds=args.max_builds, batch=args.batch,
         verify=None if args.verify == "none" else args.verify, seed=args.seed, feed_count=args.feeds,
         memory_budget=args.memory_budget, preprocess=args.preprocess, workers=args.workers or 1,
-        executor=args.executor,
+        executor=args.executor, rewrites=not args.no_rewrites,
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         progress=_progress_logger() if args.verbose else None,
     )
@@ -677,8 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pair_arguments(p, "repair this file (your own FP16/QDQ export) instead of the tool's variant")
     p.add_argument("--target", metavar="TEXT", help="without --metric: a criterion every output must pass on every "
                    "feed, e.g. sqnr_db<40 (default: the candidate precision's); with --metric: OP NUMBER, e.g. >=0.99")
-    p.add_argument("--metric", metavar="module:function", help="task metric fn(reference_outputs, "
-                   "candidate_outputs) -> number|bool per feed (module:function or path/file.py:function)")
+    p.add_argument("--metric", metavar="module:function", help="task metric: top1, topk:K, ctc, mask_iou:T (as "
+                   "compare's), or fn(reference_outputs, candidate_outputs) -> number|bool per feed (module:function "
+                   "or path/file.py:function)")
     p.add_argument("--out", required=True, type=FILE_OUT, metavar="FIXED.onnx",
                    help="where to write the repaired model")
     p.add_argument("--nodes", nargs="+", metavar="NODE", help="search among these nodes (reference names, best "
@@ -697,6 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "cluster) for the candidate evaluations")
     p.add_argument("--verify", default="ref", metavar="ENGINE", help="independent engine the repaired model is "
                    "verified on besides the candidate's (default: ref; none: skip)")
+    p.add_argument("--no-rewrites", action="store_true", help="FP32 islands only: do not first try rewrites that "
+                   "keep a culprit in FP16 (a clamped constant restored, a BatchNormalization folded or rescaled)")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
                    help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",

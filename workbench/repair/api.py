@@ -33,6 +33,7 @@ from .evaluate import Evaluator
 from .graph import RepairError
 from .islands import IslandBuilder
 from .result import RepairResult
+from .rewrites import describe, rewrite_first
 from .search import best_unmet, candidate_pool, search
 from .target import Target
 from .weights import precision_share
@@ -49,8 +50,8 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
            feeds: Any = None, target: str | None = None, metric: Any = None, out: str | os.PathLike | None = None,
            nodes: Sequence[str] | None = None, max_builds: int = 40, max_pool: int = 64, batch: str = "auto",
            verify: str | None = "ref", preprocess: str | Callable | None = None, workers: int = 1,
-           executor: str | None = None, progress: Progress | None = None, cancel: threading.Event | None = None,
-           **compare_options: Any) -> RepairResult:
+           executor: str | None = None, rewrites: bool = True, progress: Progress | None = None,
+           cancel: threading.Event | None = None, **compare_options: Any) -> RepairResult:
     """Find a small set of nodes to keep in reference precision so that ``candidate`` meets ``target``.
 
     ``target``: without ``metric``, a criterion text (``"sqnr_db<40"``: an output fails when it matches; default:
@@ -67,8 +68,11 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     ``preprocess`` -- ``module:function`` or ``file.py:function`` taking an image path --, a
     :class:`~workbench.dataset.source.Dataset`, a generator, a DataLoader), read into memory within the memory
     budget. ``workers``/``executor``: evaluate the search's candidate sets on N local processes or on Ray
-    (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. Other keywords are compare() options
-    (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``, ``impact``, ``memory_budget``, ...).
+    (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. ``rewrites``: for FP16 candidates, first
+    try rewrites that keep culprits in the candidate precision (:mod:`workbench.repair.rewrites`: a clamped constant
+    restored, a BatchNormalization folded or rescaled), islands only for what they leave. Other keywords are
+    compare() options (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``, ``impact``, ``memory_budget``,
+    ...).
     Raises :class:`~workbench.repair.graph.RepairError` (a WorkbenchError) on bad input.
     """
     from ..calibrate.feeds import is_dataset
@@ -108,7 +112,7 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
             nodes = IslandBuilder(plan.cand_model, plan.ref_model).check(nodes)
         return _repair(plan, steps, t0, target=target, metric=metric, out_path=out_path, nodes=nodes,
                        max_builds=max_builds, max_pool=max_pool, batch=batch, verify=verify, cancel=cancel,
-                       spec=spec)
+                       spec=spec, rewrites=rewrites)
     finally:
         plan.close()
 
@@ -167,7 +171,7 @@ def _dataset_feeds(model: Any, data: Any, preprocess: Any, options: dict,
 
 
 def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, max_builds, max_pool, batch, verify,
-            cancel, spec) -> RepairResult:
+            cancel, spec, rewrites=True) -> RepairResult:
     timing: dict[str, float] = {}
     notes: list[str] = []
     result = plan.run(progress=steps.span(0.0, 0.45), cancel=cancel)
@@ -179,25 +183,36 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     outputs = [(o, o if o in cand_outputs else plan.candidate_name(o)) for o in plan.ref_graph.outputs]
     t1 = time.perf_counter()
     workers = scratch = None
-    if spec.kind != "serial":
-        from .parallel import RepairWorkers
-
-        scratch = temporary_dir("workbench-repair-")
-        workers = RepairWorkers(plan, builder, [c for _, c in outputs], spec, scratch.name)
-    ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85),
-                   workers=workers)
+    ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85))
+    rewritten: list = []
     try:
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
-        kept, minimal = search(ev, pool, before)
+        island_pool, base = pool, before
+        if rewrites:  # rewrites first: they keep the nodes in the candidate precision
+            rewritten, island_pool, base = rewrite_first(ev, pool, before, notes)
+        if spec.kind != "serial":
+            from .parallel import RepairWorkers
+
+            scratch = temporary_dir("workbench-repair-")
+            workers = RepairWorkers(plan, ev.builder, [c for _, c in outputs], spec, scratch.name)
+            ev.workers = workers
+        kept, minimal = search(ev, island_pool, base)
+        if kept is None and rewritten:
+            notes.append("no island set met the target on the rewritten model: searched the candidate as converted")
+            rewritten, island_pool = [], pool
+            ev.rebase(builder)
+            ev.workers = None  # the workers hold the rewritten model: serial from here
+            kept, minimal = search(ev, pool, before)
+        builder = ev.builder
         timing["search_s"] = time.perf_counter() - t1
         final, repaired = _verify_on_candidate(ev, builder, kept)
         if kept is not None and not final.met and any(e.how == "switch" for e in ev.evaluations):
             notes.append("the switchable model met the target but the repaired model does not on the candidate "
                          "engine (its fusions differ): searched again with one build per set")
             ev.drop_switch()
-            kept, minimal = search(ev, pool, before)
+            kept, minimal = search(ev, island_pool, base if rewritten else before)
             final, repaired = _verify_on_candidate(ev, builder, kept)
     finally:
         ev.close()
@@ -233,7 +248,8 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         weights=weights, checker=checker, model_path=path, kind=builder.kind,
         timing={k: round(v, 3) for k, v in timing.items()}, notes=notes,
         builds_detail={"search": ev.search_builds, **by_role, "comparison": result.builds},
-        executor=spec.describe(), model=repaired, plan=plan)
+        executor=spec.describe(), model=repaired, plan=plan,
+        repairs=describe([rw for rw in rewritten if rw.node not in set(kept)], kept))
     if not pool and nodes is None:
         res.notes.append("the comparison flagged no culprit to keep")
     return res

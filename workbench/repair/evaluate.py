@@ -65,6 +65,7 @@ class Evaluator:
         self.plan, self.builder, self.target, self.outputs = plan, builder, target, outputs
         self.max_builds = max_builds
         self.batch = batch if batch != "auto" else ("switch" if builder.kind == "float" else "build")
+        self._batch0 = self.batch
         self.step = step
         self.builds = 0  # search builds (switchable model included), bounded by max_builds
         self.builds_by_role: dict[str, int] = {}  # baseline and verification builds
@@ -185,6 +186,16 @@ class Evaluator:
         log.info("repair: %d kept %s -> %s (%s, %.2fs)", len(kept), list(kept)[:4], "met" if ev.met else "not met",
                  ev.how, ev.seconds)
         return ev
+
+    def rebase(self, builder: IslandBuilder) -> None:
+        """Evaluate sets on another base from now on (the candidate with rewrites applied): forget the switchable
+        model and every cached outcome."""
+        self.close()
+        self.builder = builder
+        self.batch = self._batch0
+        self._cache.clear()
+        self._ahead.clear()
+        self._pool = ()
 
     def drop_switch(self) -> None:
         """Evaluate by building from now on (forget what the switchable model said)."""

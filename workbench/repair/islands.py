@@ -52,14 +52,16 @@ class IslandBuilder:
     """Builds repaired variants of one candidate: :meth:`build` for a set of nodes, :meth:`switchable` for a pool.
     ``kind``: "float" (FP16/BF16 islands), "qdq" (Q/DQ removal) or None (read from the candidate)."""
 
-    def __init__(self, candidate: onnx.ModelProto, reference: onnx.ModelProto, kind: str | None = None):
+    def __init__(self, candidate: onnx.ModelProto, reference: onnx.ModelProto | None, kind: str | None = None, *,
+                 ref_consts: dict | None = None, ref_nodes: dict | None = None):
         self.candidate = candidate
         self.kind = kind or candidate_kind(candidate)
         if self.kind not in KINDS:
             raise RepairError(f"unknown island kind {self.kind!r}", f"use one of {', '.join(KINDS)}")
         self.idx = GraphIndex(candidate)
-        self.ref_consts = constants(reference)
-        self.ref_nodes = {n.name: n for n in reference.graph.node if n.name}
+        # the reference's constants and nodes by name (given: shared with another builder of the same reference)
+        self.ref_consts = ref_consts if ref_consts is not None else constants(reference)
+        self.ref_nodes = ref_nodes if ref_nodes is not None else {n.name: n for n in reference.graph.node if n.name}
         self.position = self.idx.position
 
     def check(self, nodes: Iterable[str]) -> list[str]:

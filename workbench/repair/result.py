@@ -40,6 +40,9 @@ class RepairResult:
     builds_detail: dict = field(default_factory=dict)
     #: where the search's evaluations ran: {"kind": serial|processes|ray, "workers", "address"}
     executor: dict = field(default_factory=lambda: {"kind": "serial", "workers": 1, "address": None})
+    #: every repair, by kind: rewrites that keep a node in the candidate precision ("restore-constant", "fold-bn",
+    #: "rescale": {"node", "kind", "detail", "tensors", "into"?}), then the FP32 islands ("fp32-island")
+    repairs: list[dict] = field(default_factory=list)
     #: the comparison bundle of the reference vs the repaired model, once saved: {"path", "diverged", "verdict"}
     bundle: dict | None = None
     #: not serialised: the repaired model, and what a bundle needs (the comparison plan)
@@ -58,7 +61,15 @@ class RepairResult:
                 "after": self.after, "evaluations": self.evaluations, "pool": self.pool, "kind": self.kind,
                 "verification": self.verification, "weights": self.weights, "checker": self.checker,
                 "model": self.model_path, "bundle": self.bundle, "executor": self.executor, "timing": self.timing,
-                "notes": self.notes}
+                "notes": self.notes, "repairs": self.repair_list}
+
+    @property
+    def repair_list(self) -> list[dict]:
+        """``repairs``, or (a result made without them) one ``fp32-island``/``remove-qdq`` entry per kept node."""
+        if self.repairs:
+            return list(self.repairs)
+        kind = "fp32-island" if self.kind == "float" else "remove-qdq"
+        return [{"node": n, "kind": kind} for n in self.kept]
 
     def save_json(self, path: str | Path) -> Path:
         from .._atomic import atomic_write_text
@@ -75,10 +86,14 @@ class RepairResult:
         """A few lines: verdict, kept nodes, before/after per output, verification, weights, cost."""
         lines = [f"repair {safe_name(self.candidate)} against {safe_name(self.reference)}: target "
                  f"{'MET' if self.met else 'NOT REACHED'} ({safe_name(self.target.get('text', ''))})"]
-        label = "kept in reference precision" if self.kind == "float" else "Q/DQ removed around"
+        label = "kept in reference precision (fp32-island)" if self.kind == "float" else "Q/DQ removed around"
         best = "" if self.met else " (best set found)"
         lines.append(f"  {label}{best}: {', '.join(map(safe_name, self.kept)) if self.kept else '(nothing)'}"
                      + ("" if self.minimal or not self.kept else " (not proven 1-minimal)"))
+        rewrites = [r for r in self.repairs if r.get("kind") != "fp32-island"]
+        if rewrites:
+            lines.append("  rewritten, kept in the candidate precision: " + "; ".join(
+                f"{safe_name(r['node'])} ({r['kind']}: {safe_name(r.get('detail', ''))})" for r in rewrites))
         metric = self.target.get("criterion", "")
         for out, b in (self.before.get("outputs") or {}).items():
             a = (self.after.get("outputs") or {}).get(out, {})

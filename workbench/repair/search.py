@@ -146,12 +146,13 @@ def _bisection(lo: int, hi: int, width: int) -> list[int]:
 
 
 def _best_met(ev: Evaluator) -> Evaluation | None:
-    met = [e for e in ev.evaluations if e.met]
+    met = [e for e in ev.evaluations if e.met and e.how != "rewrite"]
     return min(met, key=lambda e: len(e.kept)) if met else None
 
 
 def best_unmet(ev: Evaluator) -> Evaluation | None:
     """The closest miss: fewest failing (feed, output) pairs, then the least bad worst value, then fewest nodes."""
-    if not ev.evaluations:
+    sets = [e for e in ev.evaluations if e.how != "rewrite"]  # rewrite sets are labels, not nodes
+    if not sets:
         return None
-    return min(ev.evaluations, key=lambda e: (e.judgement.failing, e.judgement.badness, len(e.kept)))
+    return min(sets, key=lambda e: (e.judgement.failing, e.judgement.badness, len(e.kept)))

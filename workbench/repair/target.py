@@ -22,9 +22,11 @@ _THRESHOLD = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\S+)\s*$")
 
 
 def load_metric(spec: str | Callable) -> tuple[Callable, str]:
-    """(function, label) for ``module:function`` or ``path/to/file.py:function`` (or a callable), loaded the way
-    dataset metrics and preprocessing are (:func:`workbench.dataset.source.load_function`); a ``sys.exit()`` in it
-    is an error of the metric, not the end of the run."""
+    """(function, label) for a built-in task metric of compare (``top1``, ``topk:K``, ``ctc``, ``mask_iou:T``: its
+    first result, e.g. the mask IoU), ``module:function`` or ``path/to/file.py:function`` (or a callable), loaded
+    the way dataset metrics and preprocessing are (:func:`workbench.dataset.source.load_function`); a
+    ``sys.exit()`` in it is an error of the metric, not the end of the run."""
+    from ..dataset.metrics import BUILTIN, parse_metric
     from ..dataset.source import guarded, load_function
     from ..errors import InputError
 
@@ -32,6 +34,12 @@ def load_metric(spec: str | Callable) -> tuple[Callable, str]:
         label = f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"
         return guarded(spec, label), label
     text = str(spec)
+    if text.strip().partition(":")[0] in BUILTIN:  # compare's built-in task metrics: their first result
+        try:
+            task = parse_metric(text)
+        except InputError as e:
+            raise RepairError(e.message, e.hint) from None
+        return (lambda ref, cand: next(iter(task(ref, cand).values()))), text.strip()
     try:
         return load_function(text, "metric"), text
     except InputError as e:

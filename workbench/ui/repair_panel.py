@@ -1,6 +1,7 @@
 """Repair panel: pick two engines/precisions (or your own candidate file), inputs and a target; run repair() on a
-thread with a progress bar and Cancel; show whether the target is met, the nodes kept in reference precision
-(each one a button that selects it in the graph, where they are highlighted), the cost (evaluations, builds),
+thread with a progress bar and Cancel; show whether the target is met, the nodes repaired, each with its kind
+(fp32-island, or a rewrite that keeps it in the candidate precision: restore-constant, fold-bn, rescale,
+fold-scale; each one a button that selects it in the graph, where they are highlighted), the cost (evaluations, builds),
 every output before and after, the share of weight bytes still in the candidate precision and the verification
 on the candidate and an independent engine. The repaired model is written to a fresh folder under the output
 folder (a temporary one unless you chose one: never the working directory) with a download link; "Make a bug
@@ -42,9 +43,10 @@ class RepairPanel(PairedPanel, widgets.VBox):
     """``RepairPanel(model)``; ``run()`` starts a repair (also what the Run button does), ``wait()`` joins it,
     ``make_bug_report()`` runs reduce() and zips its folder.
 
-    ``kept`` lists the nodes of the current result kept in reference precision (empty when there is no current
-    result: before a run, while one runs, after Cancel or a failure); ``highlight`` is what a graph view should
-    ring for them (the nodes and the name scopes holding them, so collapsed views show them too). ``compare=``
+    ``kept`` lists the nodes of the current result repaired, kept in reference precision or rewritten (empty
+    when there is no current result: before a run, while one runs, after Cancel or a failure); ``highlight`` is
+    what a graph view should ring for them (the nodes and the name scopes holding them, so collapsed views show
+    them too). ``compare=``
     (a :class:`~workbench.ui.ComparePanel` on the same state) shares its inputs and keeps the engine pickers in
     step with it; :meth:`link_graph` rings the kept nodes in a :class:`~workbench.ui.GraphPanel`."""
 
@@ -241,7 +243,11 @@ class RepairPanel(PairedPanel, widgets.VBox):
         if not self.highlight:
             return ""
         kind = getattr(self.result, "kind", "float")
-        return "kept in reference precision" if kind == "float" else "Q/DQ removed around"
+        if kind != "float":
+            return "Q/DQ removed around"
+        repairs = getattr(self.result, "repairs", None) or []
+        rewritten = any(r.get("kind") != "fp32-island" for r in repairs)
+        return "repaired (rewritten or kept in reference precision)" if rewritten else "kept in reference precision"
 
     def _on_kept(self, change: dict) -> None:
         self.highlight = highlight_ids(change["new"])
@@ -256,9 +262,15 @@ class RepairPanel(PairedPanel, widgets.VBox):
         self.summary.value = (f'<div class="wb-run">{html.escape(run.tag)}</div>' if run is not None else "") + \
             summary_html(doc)
         label = "kept in reference precision" if doc.get("kind") == "float" else "Q/DQ removed around"
+        repairs = doc.get("repairs") or [{"node": n, "kind": ""} for n in doc.get("kept") or []]
+        if any(r["kind"] not in ("fp32-island", "") for r in repairs):
+            label += " or rewritten in the candidate precision"
         buttons = []
-        for node in doc.get("kept") or []:
-            button = widgets.Button(description=node, icon="crosshairs", tooltip=f"select {node} in the graph",
+        for r in repairs:  # each with its kind: fp32-island, restore-constant, fold-bn, rescale, ...
+            node = r["node"]
+            kind = f" · {r['kind']}" if r["kind"] else ""
+            tip = f"select {node} in the graph" + (f" ({r['kind']}: {r['detail']})" if r.get("detail") else "")
+            button = widgets.Button(description=node + kind, icon="crosshairs", tooltip=tip,
                                     button_style="warning", layout=widgets.Layout(width="auto", max_width="520px"))
             button.on_click(lambda _b, n=node: self.select(n))
             buttons.append(button)
@@ -281,7 +293,7 @@ class RepairPanel(PairedPanel, widgets.VBox):
         self.download.value = download_html(path, "Download the repaired model") if path else ""
         self.result = result
         self.stale = False
-        self.kept = list(doc.get("kept") or [])
+        self.kept = list(dict.fromkeys(r["node"] for r in repairs))  # every repaired node is ringed
 
     def select(self, node: str) -> None:
         """Select ``node`` in every panel and bring the graph forward."""
