@@ -111,7 +111,9 @@ def _clean_ort_error(text: str) -> str:
 
 
 def _external_data_refs(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    from ..model.mapped import is_mapped
+
+    return any(t.data_location == onnx.TensorProto.EXTERNAL and not is_mapped(t) for t in model.graph.initializer)
 
 
 def parse_ort_error(text: str) -> dict[str, str | None]:
@@ -147,7 +149,10 @@ def probe_onnxruntime(model: onnx.ModelProto, providers=("CPUExecutionProvider",
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
+        from ..model.mapped import ort_options, session_source
+
+        source, folder = session_source(model)  # a mapped model's weights are read from their files
+        session = ort.InferenceSession(source, ort_options(options, folder), providers=list(providers))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
         text = str(exc)
         result.ok = False

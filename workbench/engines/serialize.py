@@ -6,6 +6,7 @@ weights), and the size check reads tensor dims rather than serializing twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from collections.abc import Callable, Sequence
@@ -32,6 +33,9 @@ class ModelPayload:
     file (its folder, or only the graph file when the weights are shared: :mod:`workbench.engines.files`)."""
 
     source: bytes | str | None
+    #: where the model's relative external-data locations resolve when not beside ``source`` (weights left mapped
+    #: in the user's folder: :mod:`workbench.model.mapped`); ONNX Runtime is told with a session config entry
+    data_dir: str | None = None
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
     _on_close: Callable[[], None] | None = field(default=None, repr=False)
 
@@ -77,7 +81,13 @@ def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
     files = files_for(model)
     if files is not None:  # its weights are on disk already: a small graph file beside them
         path = files.graph_file(model, outputs)
-        return ModelPayload(str(path), _on_close=lambda: files.discard(path))
+        return ModelPayload(str(path), data_dir=files.data_dir, _on_close=lambda: files.discard(path))
+    from ..model.mapped import has_mapped, session_source
+
+    if has_mapped(model):  # weights left in their files: the graph alone, told where they are
+        with (temporarily(model, outputs) if outputs is not None else _same(model)) as marked:
+            source, folder = session_source(marked)
+        return ModelPayload(source, data_dir=str(folder))
     limit = PROTOBUF_LIMIT if limit is None else limit
     if weight_bytes(model) + _GRAPH_ROOM < limit:
         if outputs is None:
@@ -92,6 +102,11 @@ def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
     log.info("model holds %.1f GB of weights: handing it to the runtime as %s with external data",
              weight_bytes(model) / 1e9, path)
     return ModelPayload(str(path), tmp)
+
+
+@contextlib.contextmanager
+def _same(model: onnx.ModelProto):
+    yield model
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

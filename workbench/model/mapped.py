@@ -1,0 +1,300 @@
+"""Weights left in their external data files: mapped, never copied into the proto.
+
+A model whose external data passes :func:`inline_limit` (``WORKBENCH_INLINE_WEIGHTS_BYTES``, default 1 GiB; a
+model over 2 GB can never be serialized whole) is loaded with its tensors still pointing to their files; the
+loader checks each file (confined to the model's folder, long enough) and then rewrites each location to the
+file's absolute path. Such a tensor is *mapped*: :func:`tensor_array` gives a read-only ``np.memmap`` view of it,
+ONNX Runtime reads the same files itself (:func:`session_source`: the graph with locations relative to the
+weights' folder, handed over with ``session.model_external_initializers_file_folder_path``), and writers copy
+the bytes file to file in chunks (:func:`save_model`). Absolute locations exist only in the workbench's own
+protos: a model given from outside with one is still refused by :mod:`workbench.model.external_data`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .external_data import all_tensors
+
+log = logging.getLogger(__name__)
+
+INLINE_ENV = "WORKBENCH_INLINE_WEIGHTS_BYTES"
+#: external data up to this many bytes is read into the proto (today's path); more stays mapped
+INLINE_DEFAULT = 1 << 30
+#: written models whose weights pass this go to an external data file (protobuf's 2 GiB, with room for the graph)
+SAVE_EXTERNAL_BYTES = (1 << 31) - (256 << 20)
+#: tensors at least this big go to the external data file of a written model
+SAVE_TENSOR_THRESHOLD = 1024
+ORT_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+_CHUNK = 64 << 20
+_ALIGN = 4096
+
+
+def inline_limit() -> int:
+    """Bytes of external data read into memory at load; past this the weights stay mapped."""
+    from ..core.budget import parse_size
+    from ..errors import WorkbenchError
+
+    text = os.environ.get(INLINE_ENV)
+    if not text:
+        return INLINE_DEFAULT
+    try:
+        return parse_size(text)
+    except WorkbenchError as e:
+        raise WorkbenchError(f"{INLINE_ENV}={text!r}: {e.message}", "write e.g. 512M or 2G") from None
+
+
+def _info(t: TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in t.external_data}
+
+
+def is_mapped(t: TensorProto) -> bool:
+    """The tensor's data is in an external file named by absolute path (a tensor the loader left mapped)."""
+    if t.data_location != TensorProto.EXTERNAL:
+        return False
+    location = _info(t).get("location", "")
+    return os.path.isabs(location)
+
+
+def mapped_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    return (t for t in all_tensors(model) if is_mapped(t))
+
+
+def has_mapped(model: onnx.ModelProto) -> bool:
+    return any(True for _ in mapped_tensors(model))
+
+
+def span(t: TensorProto) -> tuple[Path, int, int]:
+    """(file, offset, length) of a mapped tensor."""
+    from ..core.shapes import tensor_nbytes
+
+    info = _info(t)
+    length = int(info["length"]) if "length" in info else tensor_nbytes(t)
+    return Path(info["location"]), int(info.get("offset", 0)), length
+
+
+def map_in_place(model: onnx.ModelProto, base_dir: Path) -> None:
+    """Point every external tensor of ``model`` at its file's absolute path (the files were checked already)."""
+    from .external_data import confined_path
+
+    for t in all_tensors(model):
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = str(confined_path(base_dir, e.value))
+
+
+def tensor_array(t: TensorProto) -> np.ndarray:
+    """The tensor's values: a read-only memory-mapped view for a mapped tensor of a plain numpy type, else
+    :func:`onnx.numpy_helper.to_array`."""
+    if not is_mapped(t):
+        return numpy_helper.to_array(t)
+    path, offset, length = span(t)
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    except (KeyError, TypeError, ValueError):
+        dtype = None
+    shape = tuple(int(d) for d in t.dims)
+    if dtype is None or dtype.kind not in "biufc" or dtype.itemsize * int(np.prod(shape, dtype=np.int64)) != length:
+        return numpy_helper.to_array(_loaded(t))  # a packed or custom type: read its bytes
+    if length == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def _loaded(t: TensorProto) -> TensorProto:
+    path, offset, length = span(t)
+    out = TensorProto()
+    out.CopyFrom(t)
+    del out.external_data[:]
+    out.data_location = TensorProto.DEFAULT
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        out.raw_data = fh.read(length)
+    return out
+
+
+def materialized(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every mapped tensor's data read in (for engines that need the values in memory)."""
+    from ..core.shapes import map_model_tensors
+
+    if not has_mapped(model):
+        return model
+    return map_model_tensors(model, lambda t, _key: _loaded(t) if is_mapped(t) else None)
+
+
+def folder_of(model: onnx.ModelProto) -> Path | None:
+    """The one folder holding every mapped tensor's file, or None when there are none."""
+    folders = {span(t)[0].parent for t in mapped_tensors(model)}
+    if len(folders) > 1:
+        raise ValueError(f"mapped weights in {len(folders)} folders: {', '.join(sorted(map(str, folders)))}")
+    return folders.pop() if folders else None
+
+
+def relative_to(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
+    """A copy of ``model`` whose mapped tensors name their files relative to ``folder`` (what ONNX Runtime reads)."""
+    from ..core.shapes import map_model_tensors
+
+    def rebase(t: TensorProto, _key: str) -> TensorProto | None:
+        if not is_mapped(t):
+            return None
+        out = TensorProto()
+        out.CopyFrom(t)
+        for e in out.external_data:
+            if e.key == "location":
+                e.value = os.path.relpath(e.value, folder)
+        return out
+
+    return map_model_tensors(model, rebase)
+
+
+def session_source(model: onnx.ModelProto) -> tuple[bytes, Path | None]:
+    """(serialized graph, folder of its weights or None) for an ONNX Runtime session of ``model``: set the folder
+    as :data:`ORT_FOLDER_KEY` in the session options (:func:`ort_options`)."""
+    folder = folder_of(model)
+    if folder is None:
+        return model.SerializeToString(), None
+    return relative_to(model, folder).SerializeToString(), folder
+
+
+def ort_options(options, folder: Path | None):
+    """``options`` with ONNX Runtime told where a mapped model's weights are."""
+    if folder is not None:
+        options.add_session_config_entry(ORT_FOLDER_KEY, str(folder))
+    return options
+
+
+def copy_span(src: Path, offset: int, length: int, dst) -> None:
+    """Copy ``length`` bytes at ``offset`` of ``src`` to the open file ``dst``, in chunks (nothing held whole)."""
+    with open(src, "rb") as fh:
+        fh.seek(offset)
+        left = length
+        while left:
+            chunk = fh.read(min(_CHUNK, left))
+            if not chunk:
+                raise OSError(f"{src} ended {left} bytes early")
+            dst.write(chunk)
+            left -= len(chunk)
+
+
+class WeightWriter:
+    """Appends tensors to one external data file (page-aligned) and returns mapped references to them."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fh = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+
+    def _start(self) -> int:
+        offset = self._fh.tell()
+        pad = (-offset) % _ALIGN
+        if pad:
+            self._fh.write(b"\0" * pad)
+        return offset + pad
+
+    def _ref(self, t: TensorProto, offset: int, length: int, location: str | None = None) -> TensorProto:
+        from ..core.shapes import copy_fields
+
+        out = TensorProto()
+        copy_fields(t, out, {"raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
+                             "uint64_data", "external_data", "data_location", "segment"})
+        out.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location or str(self.path)), ("offset", str(offset)),
+                           ("length", str(length))):
+            entry = out.external_data.add()
+            entry.key, entry.value = key, value
+        return out
+
+    def write_array(self, t: TensorProto, chunks: Iterator[np.ndarray]) -> TensorProto:
+        """Write the arrays ``chunks`` (the tensor's data in C order, piece by piece) for ``t`` (name, type, dims)."""
+        offset = self._start()
+        for chunk in chunks:
+            self._fh.write(np.ascontiguousarray(chunk).tobytes())
+        return self._ref(t, offset, self._fh.tell() - offset)
+
+    def copy(self, t: TensorProto, location: str | None = None) -> TensorProto:
+        """Write ``t``'s data (mapped: copied from its file in chunks; else its bytes)."""
+        offset = self._start()
+        if is_mapped(t):
+            src, start, length = span(t)
+            copy_span(src, start, length, self._fh)
+        else:
+            data = t.raw_data if t.HasField("raw_data") else numpy_helper.to_array(t).tobytes()
+            self._fh.write(data)
+            length = len(data)
+        return self._ref(t, offset, length, location)
+
+    def close(self) -> None:
+        self._fh.flush()
+        self._fh.close()
+
+
+def row_chunks(array: np.ndarray, chunk_bytes: int = _CHUNK) -> Iterator[np.ndarray]:
+    """``array`` in pieces of about ``chunk_bytes`` along its first axis (a memmap is read piece by piece)."""
+    if array.ndim == 0 or array.nbytes <= chunk_bytes:
+        yield np.asarray(array)
+        return
+    rows = max(1, chunk_bytes // max(1, array[0].nbytes))
+    for start in range(0, array.shape[0], rows):
+        yield np.asarray(array[start:start + rows])
+
+
+def needs_external(model: onnx.ModelProto) -> bool:
+    """Whether a written ``model`` must keep its weights in an external data file: it has mapped tensors, or its
+    weights pass :data:`SAVE_EXTERNAL_BYTES` (``WORKBENCH_SAVE_EXTERNAL_BYTES`` lowers it)."""
+    from ..engines.serialize import weight_bytes
+
+    if has_mapped(model):
+        return True
+    text = os.environ.get("WORKBENCH_SAVE_EXTERNAL_BYTES")
+    threshold = int(text) if text and text.isdigit() else SAVE_EXTERNAL_BYTES
+    return weight_bytes(model) > threshold
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> list[Path]:
+    """Write ``model`` to ``path`` atomically; a model that :func:`needs_external` gets its tensors of at least
+    :data:`SAVE_TENSOR_THRESHOLD` bytes in ``NAME.data`` beside it (mapped tensors copied file to file in chunks,
+    never held in memory), written and renamed into place before the graph file. Returns the files written."""
+    from .._atomic import atomic_write_bytes, staged, temp_prefix
+    from ..core.shapes import map_model_tensors, tensor_nbytes
+
+    target = Path(path)
+    if not needs_external(model):
+        return [atomic_write_bytes(target, model.SerializeToString())]
+    data_name = f"{target.name}.data"
+    data_path = target.parent / data_name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with staged(tempfile.mkstemp(prefix=temp_prefix(data_name), suffix=".tmp", dir=target.parent)) as (fd, tmp):
+        os.close(fd)
+        writer = WeightWriter(Path(tmp))
+        try:
+            def out(t: TensorProto, _key: str) -> TensorProto | None:
+                if not is_mapped(t) and (t.data_location == TensorProto.EXTERNAL
+                                         or tensor_nbytes(t) < SAVE_TENSOR_THRESHOLD):
+                    return None
+                return writer.copy(t, data_name)
+
+            light = map_model_tensors(model, out)
+        finally:
+            writer.close()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, data_path)
+    atomic_write_bytes(target, light.SerializeToString())
+    log.info("wrote %s with its weights in %s (%.1f MB)", target, data_path, data_path.stat().st_size / 1e6)
+    return [target, data_path]
+
+
+def _umask() -> int:
+    from .._atomic import umask
+
+    return umask()
