@@ -237,14 +237,25 @@ class WeightWriter:
         self._fh.close()
 
 
-def row_chunks(array: np.ndarray, chunk_bytes: int = _CHUNK) -> Iterator[np.ndarray]:
-    """``array`` in pieces of about ``chunk_bytes`` along its first axis (a memmap is read piece by piece)."""
-    if array.ndim == 0 or array.nbytes <= chunk_bytes:
-        yield np.asarray(array)
+def flat_chunks(t: TensorProto, chunk_bytes: int = _CHUNK) -> Iterator[np.ndarray]:
+    """A tensor's values, flat, in pieces of about ``chunk_bytes``: a mapped tensor is read from its file piece by
+    piece (plain reads, not a mapping: its pages never count toward this process's memory)."""
+    array = tensor_array(t)
+    if not isinstance(array, np.memmap):
+        yield np.asarray(array).reshape(-1)
         return
-    rows = max(1, chunk_bytes // max(1, array[0].nbytes))
-    for start in range(0, array.shape[0], rows):
-        yield np.asarray(array[start:start + rows])
+    path, offset, length = span(t)
+    step = max(array.dtype.itemsize, chunk_bytes - chunk_bytes % array.dtype.itemsize)
+    del array
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        left = length
+        while left > 0:
+            data = fh.read(min(step, left))
+            if not data:
+                raise OSError(f"{path} ended {left} bytes early")
+            left -= len(data)
+            yield np.frombuffer(data, dtype=np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)))
 
 
 def needs_external(model: onnx.ModelProto) -> bool:

@@ -117,7 +117,8 @@ class RerunReport:
 def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike | None = None,
                  cand_model: str | os.PathLike | None = None, isolate: bool | None = None,
                  timeout_s: float | None = None, progress: Any = None, allow_engines: Any = (),
-                 trust_unsealed: bool = False, **dataset_args: Any) -> RerunReport:
+                 trust_unsealed: bool = False, weights: str | os.PathLike | None = None,
+                 **dataset_args: Any) -> RerunReport:
     """Re-execute the comparison a bundle recorded and compare with its saved results (a calibration or dataset
     bundle gives its own rerun report).
 
@@ -126,7 +127,8 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
     by class path (``package.module:Class``) is imported only when listed in ``allow_engines`` (a bundle never
     imports code by itself). A bundle whose manifest carries no seal is refused (:class:`UnsealedBundleError`)
     unless ``trust_unsealed``. ``dataset_args`` (dataset bundles): ``inputs``, ``preprocess``, ``metrics``,
-    ``workers``, ``executor``."""
+    ``workers``, ``executor``. ``weights``: the folder holding weight files the bundle keeps by reference (else
+    they are looked for beside the bundled graph and where the original model was)."""
     from ..compare.api import compare
     from ..compare.criterion import Criterion
     from ..compare.options import CompareOptions
@@ -154,8 +156,8 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
             raise BundleError(f"{b.source.name} cannot be rerun: {opts.get('why_not_rerunnable', 'unknown reason')}",
                               "rerun that comparison from Python, where the engine object exists")
         saved = b.result
-        loaded = b.load_model("model", model)
-        cand = b.load_model("cand_model", cand_model) if m.get("cand_model") else None
+        loaded = b.load_model("model", model, weights=weights)
+        cand = b.load_model("cand_model", cand_model, weights=weights) if m.get("cand_model") else None
         try:
             criterion = Criterion.from_json(opts["criterion"])
             typed = opts.get("options")

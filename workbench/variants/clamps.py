@@ -72,7 +72,7 @@ def find_clamps(
         if rounding is not None and after[key][0].data_type == onnx.TensorProto.BFLOAT16:
             step = max(rounding, 2.0 ** -7)  # bfloat16 keeps 8 significant bits
         if isinstance(a, np.memmap) or isinstance(b, np.memmap):  # weights left mapped: only the changed values
-            where, a_s, b_s = _changed_values(a.reshape(-1), b.reshape(-1), min_positive, step)
+            where, a_s, b_s = _changed_values(tensor, after[key][0], min_positive, step)
             records += _records(key, source, a_s, b_s, max_finite, min_positive, converted, originals, step,
                                 where=where, size=a.size)
             continue
@@ -91,21 +91,42 @@ def _changed(a: np.ndarray, b: np.ndarray, min_positive: float, rounding: float 
         return finite & ~(np.abs(b.astype(np.float64) - a) <= rounding * np.abs(a) + min_positive)
 
 
-def _changed_values(a: np.ndarray, b: np.ndarray, min_positive: float, rounding: float | None,
+def _changed_values(a: onnx.TensorProto, b: onnx.TensorProto, min_positive: float, rounding: float | None,
                     chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(flat positions, values of ``a``, values of ``b``) where they differ, read piece by piece (mapped weights
-    are never held whole)."""
+    """(flat positions, values of ``a``, values of ``b``) where the tensors differ, read piece by piece (mapped
+    weights are never held whole)."""
+    from ..model.mapped import flat_chunks
+
     where, xs, ys = [], [], []
-    for start in range(0, a.size, chunk):
-        x = np.asarray(a[start:start + chunk], dtype=np.float32)
-        y = np.asarray(b[start:start + chunk], dtype=np.float32)
+    start = 0
+    a_parts = flat_chunks(a, chunk * 4)
+    b_parts = _rechunk(flat_chunks(b, chunk * 4))
+    next(b_parts)
+    for x in a_parts:
+        x = x.astype(np.float32, copy=False)
+        y = b_parts.send(x.size).astype(np.float32, copy=False)
         idx = np.flatnonzero(_changed(x, y, min_positive, rounding))
         where.append(idx + start)
         xs.append(x[idx])
         ys.append(y[idx])
+        start += x.size
     if not where:
         return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32)
     return np.concatenate(where), np.concatenate(xs), np.concatenate(ys)
+
+
+def _rechunk(parts):
+    """A generator that, sent a count, gives the next that many values of the flat pieces ``parts``."""
+    buffer = np.zeros(0, np.float32)
+    want = yield None
+    for part in parts:
+        buffer = np.concatenate([buffer, part]) if buffer.size else part
+        while want is not None and buffer.size >= want:
+            out, buffer = buffer[:want], buffer[want:]
+            want = yield out
+    while want is not None:
+        out, buffer = buffer[:want], buffer[want:]
+        want = yield out
 
 
 def _records(

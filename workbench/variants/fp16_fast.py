@@ -102,11 +102,11 @@ def _variant_writer():
 
 def _fill_mapped(t: TensorProto, src: TensorProto, limits, counter: ClampCounter, name: str, writer) -> None:
     """Fill ``t`` with a mapped tensor ``src``: its float16 conversion (or its bytes) written by ``writer``."""
-    from ..model.mapped import row_chunks, tensor_array
+    from ..model.mapped import flat_chunks
 
     if t.data_type == TensorProto.FLOAT16 and src.data_type == TensorProto.FLOAT:
         before = counter.clamped
-        ref = writer.write_array(t, (counter(chunk, *limits) for chunk in row_chunks(tensor_array(src))))
+        ref = writer.write_array(t, (counter(chunk, *limits) for chunk in flat_chunks(src)))
         if counter.clamped > before:
             counter.clamped = before + 1  # one tensor, however many of its pieces were clamped
             counter.names.add(name)
