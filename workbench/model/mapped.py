@@ -93,6 +93,15 @@ def map_in_place(model: onnx.ModelProto, base_dir: Path) -> None:
                 e.value = str(confined_path(base_dir, e.value))
 
 
+def map_files(model: onnx.ModelProto, base_dir: Path) -> list[Path]:
+    """Check the external data files of ``model`` (loaded without them) in ``base_dir`` and leave them mapped."""
+    from .external_data import check_external_files, external_refs
+
+    files = check_external_files(external_refs(model), base_dir)
+    map_in_place(model, base_dir)
+    return files
+
+
 def tensor_array(t: TensorProto) -> np.ndarray:
     """The tensor's values: a read-only memory-mapped view for a mapped tensor of a plain numpy type, else
     :func:`onnx.numpy_helper.to_array`."""
