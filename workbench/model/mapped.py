@@ -142,11 +142,11 @@ def materialized(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def folder_of(model: onnx.ModelProto) -> Path | None:
-    """The one folder holding every mapped tensor's file, or None when there are none."""
-    folders = {span(t)[0].parent for t in mapped_tensors(model)}
-    if len(folders) > 1:
-        raise ValueError(f"mapped weights in {len(folders)} folders: {', '.join(sorted(map(str, folders)))}")
-    return folders.pop() if folders else None
+    """The deepest folder holding every mapped tensor's file (their common ancestor: a model mixing the user's
+    weights with ones this run wrote, like a repaired FP16 model with restored FP32 constants, spans two), or None
+    when there are none. Every location is an absolute path the workbench resolved and checked itself."""
+    folders = {str(span(t)[0].parent) for t in mapped_tensors(model)}
+    return Path(os.path.commonpath(sorted(folders))) if folders else None
 
 
 def relative_to(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
@@ -199,7 +199,7 @@ class WeightWriter:
     """Appends tensors to one external data file (page-aligned) and returns mapped references to them."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
+        self.path = Path(path).resolve()  # the absolute, resolved path ONNX Runtime checks locations against
         self._fh = open(self.path, "ab")  # noqa: SIM115 - closed by close()
 
     def _start(self) -> int:
