@@ -195,7 +195,11 @@ def _unconverted_ops(path: str) -> list[tuple[str, str, str]]:
 
 
 def _save_for_openvino(model: onnx.ModelProto, path: str) -> None:
-    if model.ByteSize() > MAX_INMEMORY_BYTES:
+    from ..model.mapped import has_mapped, save_model
+
+    if has_mapped(model):  # weights left in their files: copied file to file beside the graph
+        save_model(model, path)
+    elif model.ByteSize() > MAX_INMEMORY_BYTES:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         onnx.save_model(copy, path, save_as_external_data=True, location=os.path.basename(path) + ".data")
