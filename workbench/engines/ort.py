@@ -73,7 +73,7 @@ class OrtEngine(Engine):
         problem = _unavailable(self.provider)
         if problem:
             raise EngineUnavailableError(f"{self.name}: {problem[0]}", problem[1])
-        payload = model_payload(model, list(outputs))
+        payload = model_payload(model, list(outputs), external_folder=True)
         try:
             options, providers = self._session_options(len(outputs)), self._providers()
             if payload.data_dir:  # weights left in the user's files (workbench.model.mapped)

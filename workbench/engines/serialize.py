@@ -72,22 +72,29 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 
 
 def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
-                  limit: int | None = None) -> ModelPayload:
+                  limit: int | None = None, *, external_folder: bool = False) -> ModelPayload:
     """Serialize ``model`` (with ``outputs`` as its graph outputs when given); past ``limit`` (default
     :data:`PROTOBUF_LIMIT`) save it with external data into a private temporary folder (never the working
-    directory) and return that path instead."""
+    directory) and return that path instead. Weights left in the user's files (:mod:`workbench.model.mapped`)
+    stay there when the caller tells its runtime where (``external_folder``: ONNX Runtime, via ``data_dir``);
+    otherwise they are copied file to file beside a private graph file."""
+    from ..model.mapped import has_mapped, save_model, session_source
     from .files import files_for
 
     files = files_for(model)
-    if files is not None:  # its weights are on disk already: a small graph file beside them
+    if files is not None and (external_folder or not files.mapped):  # weights on disk: a graph file beside them
         path = files.graph_file(model, outputs)
         return ModelPayload(str(path), data_dir=files.data_dir, _on_close=lambda: files.discard(path))
-    from ..model.mapped import has_mapped, session_source
-
-    if has_mapped(model):  # weights left in their files: the graph alone, told where they are
+    if has_mapped(model):
+        if external_folder:  # weights left in their files: the graph alone, the runtime told where they are
+            with (temporarily(model, outputs) if outputs is not None else _same(model)) as marked:
+                source, folder = session_source(marked)
+            return ModelPayload(source, data_dir=str(folder))
+        tmp = temporary_dir("workbench-model-")  # a runtime that reads only beside the graph: a private copy
+        path = Path(tmp.name) / "model.onnx"
         with (temporarily(model, outputs) if outputs is not None else _same(model)) as marked:
-            source, folder = session_source(marked)
-        return ModelPayload(source, data_dir=str(folder))
+            save_model(marked, path)
+        return ModelPayload(str(path), tmp)
     limit = PROTOBUF_LIMIT if limit is None else limit
     if weight_bytes(model) + _GRAPH_ROOM < limit:
         if outputs is None:
