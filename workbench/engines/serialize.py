@@ -33,11 +33,11 @@ class ModelPayload:
     file (its folder, or only the graph file when the weights are shared: :mod:`workbench.engines.files`)."""
 
     source: bytes | str | None
+    _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+    _on_close: Callable[[], None] | None = field(default=None, repr=False)
     #: where the model's relative external-data locations resolve when not beside ``source`` (weights left mapped
     #: in the user's folder: :mod:`workbench.model.mapped`); ONNX Runtime is told with a session config entry
     data_dir: str | None = None
-    _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
-    _on_close: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def is_file(self) -> bool:
