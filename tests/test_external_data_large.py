@@ -227,3 +227,19 @@ def test_runtimes_that_read_only_beside_the_graph_get_a_private_copy(small, tmp_
         docs.append(json.loads(out.read_text()))
     assert [t["metrics"] for t in docs[0]["tensors"]] == [t["metrics"] for t in docs[1]["tensors"]]
     assert len(docs[0]["tensors"]) == 9
+
+
+def test_the_fp16_variant_of_a_mapped_model_is_saved_with_external_data(small, mapped_env, tmp_path):
+    from workbench.variants import make_variant
+    from workbench.variants.ort_session import ort_session
+
+    model, feeds = small
+    variant = make_variant(load_model(model).proto, "fp16")
+    tables = [t for t in variant.model.graph.initializer if t.name.startswith("T")]
+    assert all(is_mapped(t) and t.data_type == onnx.TensorProto.FLOAT16 for t in tables)  # converted to a file
+    written = variant.save(tmp_path / "fp16" / "model.fp16.onnx")
+    assert [p.name for p in written] == ["model.fp16.onnx", "model.fp16.onnx.data"]
+    feed = sorted(feeds.glob("*.npz"))[0]
+    in_run = ort_session(variant.model, optimize=True).run(None, dict(np.load(feed)))[0]  # weights where written
+    np.testing.assert_allclose(_run(feed, written[0]), in_run, rtol=1e-5)
+    assert not np.array_equal(in_run, _run(feed, model))  # it is the FP16 model (T1's 1e5 clamped)
