@@ -243,3 +243,34 @@ def test_the_fp16_variant_of_a_mapped_model_is_saved_with_external_data(small, m
     in_run = ort_session(variant.model, optimize=True).run(None, dict(np.load(feed)))[0]  # weights where written
     np.testing.assert_allclose(_run(feed, written[0]), in_run, rtol=1e-5)
     assert not np.array_equal(in_run, _run(feed, model))  # it is the FP16 model (T1's 1e5 clamped)
+
+
+def test_an_if_inlined_on_a_mapped_model_keeps_its_weights_in_their_files(tmp_path, mapped_env):
+    """compare inlines the If branch every feed takes: the inlined model is loaded again from the same files."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.linspace(-1, 1, 64 * 512, dtype=np.float32).reshape(512, 64), "T")
+    branch = helper.make_graph([helper.make_node("Gather", ["T", "ids"], ["g"], name="gather")], "then", [],
+                               [helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 64])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["n"], name="neg")], "else", [],
+                              [helper.make_tensor_value_info("n", TensorProto.FLOAT, [1, 64])])
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], name="max", keepdims=0),
+             helper.make_node("Greater", ["m", "lo"], ["c"], name="cond"),
+             helper.make_node("If", ["c"], ["b"], name="if", then_branch=branch, else_branch=other),
+             helper.make_node("Add", ["b", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
+                                            helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+                              [table, numpy_helper.from_array(np.array(-100.0, np.float32), "lo")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    folder = tmp_path / "m"
+    folder.mkdir()
+    onnx.save(proto, folder / "if.onnx", save_as_external_data=True, location="w.bin", size_threshold=1024)
+    np.savez(tmp_path / "feed.npz", x=np.ones((1, 64), np.float32), ids=np.array([3], np.int64))
+    out = tmp_path / "cmp.json"
+    assert main(["compare", str(folder / "if.onnx"), "--ref", "ort", "--cand", "ort:fp16", "--inputs",
+                 str(tmp_path / "feed.npz"), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert any("every feed takes its then branch" in n for n in doc["notes"])
+    assert "gather" in [t["node"] for t in doc["tensors"]]

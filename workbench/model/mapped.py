@@ -166,6 +166,14 @@ def relative_to(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
     return map_model_tensors(model, rebase)
 
 
+def reloadable(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """(model, base_dir) to hand to :func:`~workbench.model.load.load_model` again for a proto the workbench
+    derived from a loaded one (an inlined graph): mapped locations made relative to their common folder, which
+    the loader then checks and maps again. A model without mapped tensors is returned as is (base_dir None)."""
+    folder = folder_of(model)
+    return (model, None) if folder is None else (relative_to(model, folder), folder)
+
+
 def session_source(model: onnx.ModelProto) -> tuple[bytes, Path | None]:
     """(serialized graph, folder of its weights or None) for an ONNX Runtime session of ``model``: set the folder
     as :data:`ORT_FOLDER_KEY` in the session options (:func:`ort_options`)."""
