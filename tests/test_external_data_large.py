@@ -274,3 +274,13 @@ def test_an_if_inlined_on_a_mapped_model_keeps_its_weights_in_their_files(tmp_pa
     doc = json.loads(out.read_text())
     assert any("every feed takes its then branch" in n for n in doc["notes"])
     assert "gather" in [t["node"] for t in doc["tensors"]]
+
+
+def test_a_truncated_weight_file_is_refused_in_one_line_before_anything_runs(small, mapped_env, capsys):
+    model, _ = small
+    table = model.parent / "big2.bin"
+    with open(table, "r+b") as fh:
+        fh.truncate(table.stat().st_size - 4)
+    assert main(["inspect", str(model)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "big2.bin" in err and "truncated" in err and len(err.splitlines()) == 1

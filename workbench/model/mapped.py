@@ -83,6 +83,8 @@ def span(t: TensorProto) -> tuple[Path, int, int]:
 
 def map_in_place(model: onnx.ModelProto, base_dir: Path) -> None:
     """Point every external tensor of ``model`` at its file's absolute path (the files were checked already)."""
+    from ..core.shapes import tensor_nbytes
+    from ..errors import ExternalDataError
     from .external_data import confined_path
 
     for t in all_tensors(model):
@@ -91,6 +93,13 @@ def map_in_place(model: onnx.ModelProto, base_dir: Path) -> None:
         for e in t.external_data:
             if e.key == "location":
                 e.value = str(confined_path(base_dir, e.value))
+        path, offset, length = span(t)
+        size = path.stat().st_size
+        if length < tensor_nbytes(t) or offset + length > size:  # read later, piece by piece: refuse it now
+            raise ExternalDataError(
+                f"external-data file '{path.name}' is {size} bytes but tensor '{t.name}' needs bytes "
+                f"{offset}..{offset + tensor_nbytes(t)}: the file is truncated or the tensor's length is wrong",
+                "copy the complete weight file again")
 
 
 def map_files(model: onnx.ModelProto, base_dir: Path) -> list[Path]:
