@@ -284,3 +284,40 @@ def test_a_truncated_weight_file_is_refused_in_one_line_before_anything_runs(sma
     assert main(["inspect", str(model)]) == 2
     err = capsys.readouterr().err.strip()
     assert "big2.bin" in err and "truncated" in err and len(err.splitlines()) == 1
+
+
+def test_a_users_candidate_file_with_external_data_is_diffed_piece_by_piece(small, tmp_path, monkeypatch):
+    """--cand-model: the clamp report of the user's FP16 file, read in pieces when mapped, matches the in-memory
+    diff (the table's 1e5 clamped to 65504 is found either way)."""
+    from workbench.variants import make_variant
+
+    model, feeds = small
+    cand = tmp_path / "cand" / "model.fp16.onnx"
+    make_variant(load_model(model).proto, "fp16").save(cand)
+    docs = []
+    for limit in ("64K", "1G"):
+        monkeypatch.setenv("WORKBENCH_INLINE_WEIGHTS_BYTES", limit)
+        out = tmp_path / f"cand-{limit}.json"
+        assert main(["compare", str(model), "--ref", "ort", "--cand", "ort", "--cand-model", str(cand),
+                     "--inputs", str(feeds), "--no-culprits", "--json", str(out)]) == 1
+        docs.append(json.loads(out.read_text()))
+    assert docs[0]["variant"]["clamped"] == docs[1]["variant"]["clamped"]
+    assert [(c["name"], c["kind"], c["converted"][0]) for c in docs[0]["variant"]["clamped"]] == [
+        ("T1", "overflow", 65504.0)]
+
+
+def test_writing_over_the_weights_a_model_reads_is_refused(small, mapped_env, tmp_path):
+    from workbench.errors import WorkbenchError
+
+    model, _ = small
+    os.replace(model.parent / "big2.bin", model.parent / "out.onnx.data")
+    proto = onnx.load(str(model), load_external_data=False)
+    for t in proto.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location" and e.value == "big2.bin":
+                e.value = "out.onnx.data"
+    onnx.save(proto, model)
+    loaded = load_model(model)
+    with pytest.raises(WorkbenchError, match="a weight file the model reads"):
+        save_model(loaded.proto, model.parent / "out.onnx")
+    assert (model.parent / "out.onnx.data").stat().st_size == ROWS * WIDTH * 4

@@ -308,6 +308,12 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> list[Path]:
         return [atomic_write_bytes(target, model.SerializeToString())]
     data_name = f"{target.name}.data"
     data_path = target.parent / data_name
+    sources = {span(t)[0] for t in mapped_tensors(model)}
+    if data_path.resolve() in sources or target.resolve() in sources:
+        from ..errors import WorkbenchError
+
+        raise WorkbenchError(f"writing {target} would replace {data_path.name}, a weight file the model reads",
+                             "write the model to another name or folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     with staged(tempfile.mkstemp(prefix=temp_prefix(data_name), suffix=".tmp", dir=target.parent)) as (fd, tmp):
         os.close(fd)
