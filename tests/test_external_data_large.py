@@ -45,8 +45,9 @@ def _run(feed: Path, model: Path) -> np.ndarray:
 
 @pytest.mark.slow
 def test_a_model_over_2gb_through_the_cli_without_a_copy_of_its_weights(tmp_path):
-    """inspect, compare ort vs ort:fp16 with a bundle, rerun: each child's peak RSS under 1.5x the largest tensor
-    (805 MB; the weights are 2.4 GB), the divergence found at the clamped table, the bundle without the weights."""
+    """inspect, compare ort vs ort:fp16 with a bundle, rerun, calibrate: each child's peak RSS under 1.5x the
+    largest tensor (805 MB; the weights are 2.4 GB), the divergence found at the clamped table, the bundle without
+    the weights. (repair, reduce, --qdq and the rest: the small mapped model below, same code paths.)"""
     model = make_big_model(tmp_path / "big")
     try:
         _over_2gb(model, write_feeds(tmp_path / "feeds"), tmp_path)
@@ -82,6 +83,12 @@ def _over_2gb(model: Path, feeds: Path, tmp_path: Path) -> None:
     assert code == 1, out
     assert "first divergent: g1 -> g1 (same)" in out and "per-tensor sqnr_db: no change" in out
     assert rss < bound, f"rerun peaked at {rss / 1e6:.0f} MB"
+
+    code, out, rss, _ = run_cli(["calibrate", str(model), "--data", str(feeds), "--json", str(tmp_path / "cal.json")])
+    assert code == 0, out
+    ranges = json.loads((tmp_path / "cal.json").read_text())
+    assert ranges["config"]["feeds"] == 2 and "g1" in ranges["tensors"]
+    assert rss < bound, f"calibrate peaked at {rss / 1e6:.0f} MB"
 
 
 def test_mapped_load_keeps_the_fingerprint_and_reads_no_weight(small, mapped_env, monkeypatch):
