@@ -179,6 +179,8 @@ def test_bundle_references_weights_by_hash_and_rerun_finds_or_refuses_them(small
 
     assert main(["rerun", str(bundle), "--weights", str(moved)]) == 1
     capsys.readouterr()
+    assert main(["rerun", str(bundle), "--weights", str(moved / "big.bin")]) == 2  # a file, not a folder
+    assert "not a folder" in capsys.readouterr().err
 
     data = bytearray((moved / "big2.bin").read_bytes())
     data[-1] ^= 1  # same size, other content
@@ -198,6 +200,8 @@ def test_bundle_weights_copy_copies_them(small, mapped_env, tmp_path, capsys):
     shutil.rmtree(model.parent)
     capsys.readouterr()
     assert main(["rerun", str(bundle)]) == 1
+    assert main(["rerun", str(bundle), "--weights", str(tmp_path)]) == 2  # it keeps none by reference
+    assert "keeps no weights by reference" in capsys.readouterr().err
 
 
 def test_save_model_writes_external_data_past_the_threshold(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 import zipfile
@@ -391,6 +392,39 @@ class Bundle:
     _tmp: Path | None = field(default=None, repr=False)
     #: False for a bundle without a seal that the caller chose to trust (``trust_unsealed=True``)
     sealed: bool = True
+    #: the folder holding weight files the bundle keeps by reference (``rerun --weights DIR``), if given
+    weights_dir: str | os.PathLike | None = None
+
+    def use_weights(self, folder: str | os.PathLike | None) -> None:
+        """Look for the weights kept by reference in ``folder`` first; refused when the bundle keeps none, or when
+        ``folder`` is not a folder."""
+        if folder is None:
+            return
+        from .._files import file_kind
+
+        path = Path(folder).expanduser()
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as e:
+            raise BundleError(f"--weights {folder}: {e.strerror}", "pass the folder holding the weight files") \
+                from None
+        if not stat.S_ISDIR(mode):
+            raise BundleError(f"--weights {folder} is {file_kind(mode)}, not a folder",
+                              "pass the folder holding the weight files")
+        with os.scandir(path) as entries:  # only regular files are read: a FIFO or device there is refused
+            for entry in entries:
+                try:
+                    mode = os.stat(entry.path).st_mode
+                except OSError:
+                    continue
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    raise BundleError(f"--weights {folder}: {entry.path} is {file_kind(mode)}, not a regular "
+                                      "file; refusing to read it", "pass a folder of regular weight files")
+        if not any(isinstance(self.manifest.get(s), dict) and self.manifest[s].get("weights")
+                   for s in ("model", "cand_model")):
+            raise BundleError(f"--weights {folder}: {self.source.name} keeps no weights by reference",
+                              "drop --weights")
+        self.weights_dir = path
 
     @property
     def result(self) -> CompareResult:
@@ -515,7 +549,7 @@ class Bundle:
             from ..model.load import MAX_MODEL_BYTES
             from .weights_ref import find_weights
 
-            base = find_weights(entry["weights"], path.parent, weights,
+            base = find_weights(entry["weights"], path.parent, weights if weights is not None else self.weights_dir,
                                 f"{self.source.name}: {section.replace('_', ' ')}")
             loaded = load_model(read_capped(path, MAX_MODEL_BYTES, "model file", BundleError), base_dir=base)
             loaded.path = path.absolute()  # its name; the weights (mapped, or read in) came from ``base``

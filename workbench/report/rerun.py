@@ -136,6 +136,7 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, trust_unsealed=trust_unsealed)
     kind = b.manifest.get("kind", "compare")
     try:
+        b.use_weights(weights)
         if kind != "compare":  # another producer's bundle (calibration, dataset): its own rerunner, by name
             given = {k: v for k, v in dataset_args.items() if v is not None}
             if kind == "dataset":
@@ -156,8 +157,8 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
             raise BundleError(f"{b.source.name} cannot be rerun: {opts.get('why_not_rerunnable', 'unknown reason')}",
                               "rerun that comparison from Python, where the engine object exists")
         saved = b.result
-        loaded = b.load_model("model", model, weights=weights)
-        cand = b.load_model("cand_model", cand_model, weights=weights) if m.get("cand_model") else None
+        loaded = b.load_model("model", model)
+        cand = b.load_model("cand_model", cand_model) if m.get("cand_model") else None
         try:
             criterion = Criterion.from_json(opts["criterion"])
             typed = opts.get("options")
