@@ -31,6 +31,8 @@ from .outputs import edit_lock, temporarily
 log = logging.getLogger(__name__)
 
 WEIGHTS = "weights.bin"
+#: mapped weights copied for runtimes that read only beside the graph file (:meth:`ModelFiles.local_graph_file`)
+LOCAL = "local.bin"
 _ALIGN = 4096
 _REGISTRY: dict[int, tuple[onnx.ModelProto, ModelFiles]] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -78,6 +80,7 @@ class ModelFiles:
         #: where relative locations of the graph files resolve: ``folder``, or the folder of weights left mapped
         self.data_dir: str | None = None
         self.mapped = has_mapped(model)
+        self._local: dict[tuple, TensorProto] = {}  # (file, offset, length) of a mapped tensor -> its local copy
         if self.mapped:  # weights already in files (a model over the inline limit): nothing to write
             self.data_dir = str(folder_of(model))
             self.skeleton = model
@@ -145,6 +148,42 @@ class ModelFiles:
         if _is_ours(t):
             raise ValueError(f"tensor {t.name!r} points to weights this model's files do not hold")
         return None
+
+    def local_graph_file(self, model: onnx.ModelProto, outputs: Sequence[str] | None = None) -> Path:
+        """For a runtime that reads external data only beside its graph file (OpenVINO, worker processes): the
+        mapped weights copied once, file to file, into ``folder/local.bin`` (on first use, each tensor once), and
+        a graph file beside it naming them there. The caller deletes the file (:meth:`discard`)."""
+        from ..model.mapped import WeightWriter, is_mapped, span
+
+        def local(t: TensorProto, _key: str) -> TensorProto | None:
+            if not is_mapped(t):
+                return None
+            where = span(t)
+            ref = self._local.get(where)
+            if ref is None:
+                writer = WeightWriter(self.folder / LOCAL)
+                try:
+                    ref = self._local[where] = writer.copy(t, LOCAL)
+                finally:
+                    writer.close()
+            out = TensorProto()
+            out.CopyFrom(ref)
+            out.name, out.data_type = t.name, t.data_type
+            del out.dims[:]
+            out.dims.extend(t.dims)
+            return out
+
+        with self._lock:
+            self._count += 1
+            path = self.folder / f"graph_{self._count:04d}.onnx"
+            with edit_lock(model):
+                if outputs is not None:
+                    with temporarily(model, outputs) as marked:
+                        light = map_model_tensors(marked, local)
+                else:
+                    light = map_model_tensors(model, local)
+        path.write_bytes(light.SerializeToString())
+        return path
 
     def discard(self, path: Path) -> None:
         """Delete a graph file once its engine has read it (the weights file stays)."""

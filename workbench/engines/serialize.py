@@ -85,6 +85,9 @@ def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
     if files is not None and (external_folder or not files.mapped):  # weights on disk: a graph file beside them
         path = files.graph_file(model, outputs)
         return ModelPayload(str(path), data_dir=files.data_dir, _on_close=lambda: files.discard(path))
+    if files is not None:  # weights left mapped, a runtime that reads beside its graph: one local copy, shared
+        path = files.local_graph_file(model, outputs)
+        return ModelPayload(str(path), _on_close=lambda: files.discard(path))
     if has_mapped(model):
         if external_folder:  # weights left in their files: the graph alone, the runtime told where they are
             with (temporarily(model, outputs) if outputs is not None else _same(model)) as marked:
