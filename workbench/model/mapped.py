@@ -292,15 +292,18 @@ def needs_external(model: onnx.ModelProto) -> bool:
     if has_mapped(model):
         return True
     text = os.environ.get("WORKBENCH_SAVE_EXTERNAL_BYTES")
-    threshold = int(text) if text and text.isdigit() else SAVE_EXTERNAL_BYTES
-    return weight_bytes(model) > threshold
+    if text:
+        from ..core.budget import parse_size
+
+        return weight_bytes(model) > parse_size(text)
+    return weight_bytes(model) > SAVE_EXTERNAL_BYTES
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> list[Path]:
     """Write ``model`` to ``path`` atomically; a model that :func:`needs_external` gets its tensors of at least
     :data:`SAVE_TENSOR_THRESHOLD` bytes in ``NAME.data`` beside it (mapped tensors copied file to file in chunks,
     never held in memory), written and renamed into place before the graph file. Returns the files written."""
-    from .._atomic import atomic_write_bytes, staged, temp_prefix
+    from .._atomic import atomic_write_bytes, staged, temp_prefix, umask
     from ..core.shapes import map_model_tensors, tensor_nbytes
 
     target = Path(path)
@@ -330,14 +333,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> list[Path]:
             writer.close()
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600: the user's usual permissions
         os.replace(tmp, data_path)
     atomic_write_bytes(target, light.SerializeToString())
     log.info("wrote %s with its weights in %s (%.1f MB)", target, data_path, data_path.stat().st_size / 1e6)
     return [target, data_path]
-
-
-def _umask() -> int:
-    from .._atomic import umask
-
-    return umask()
