@@ -93,7 +93,7 @@ def write_feeds(folder: Path, count: int = 2, width: int = WIDTH, rows: int = 19
 
 
 def run_cli(args: list[str], *, env: dict | None = None, cap_bytes: int = 6 << 30, lock: bool = True,
-            timeout: float = 300) -> tuple[int, str, int, float]:
+            timeout: float = 900) -> tuple[int, str, int, float]:
     """Run ``python -m workbench ARGS`` (under ``flock`` on the big-model lock when ``lock``); return (exit code,
     stdout+stderr, peak RSS in bytes (ru_maxrss of the child, from os.wait4), seconds). A watchdog kills the child
     past ``cap_bytes`` of RSS (it then fails with -9)."""
