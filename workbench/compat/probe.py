@@ -152,7 +152,8 @@ def probe_onnxruntime(model: onnx.ModelProto, providers=("CPUExecutionProvider",
         from ..model.mapped import ort_options, session_source
 
         source, folder = session_source(model)  # a mapped model's weights are read from their files
-        session = ort.InferenceSession(source, ort_options(options, folder), providers=list(providers))
+        session = ort.InferenceSession(source, ort_options(options, folder, prepack=False),  # never runs
+                                       providers=list(providers))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
         text = str(exc)
         result.ok = False

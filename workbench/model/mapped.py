@@ -34,6 +34,7 @@ SAVE_EXTERNAL_BYTES = (1 << 31) - (256 << 20)
 #: tensors at least this big go to the external data file of a written model
 SAVE_TENSOR_THRESHOLD = 1024
 ORT_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+NO_PREPACK_KEY = "session.disable_prepacking"
 _CHUNK = 64 << 20
 _ALIGN = 4096
 
@@ -192,10 +193,14 @@ def session_source(model: onnx.ModelProto) -> tuple[bytes, Path | None]:
     return relative_to(model, folder).SerializeToString(), folder
 
 
-def ort_options(options, folder: Path | None):
-    """``options`` with ONNX Runtime told where a mapped model's weights are."""
+def ort_options(options, folder: Path | None, *, prepack: bool = True):
+    """``options`` with ONNX Runtime told where a mapped model's weights are. ``prepack=False``: for a session that
+    never runs (the compatibility probe): prepacking copies every MatMul/Gemm weight into a new buffer, a second
+    copy of the weights in memory (sessions that run keep it: it changes the last bits of MatMul results)."""
     if folder is not None:
         options.add_session_config_entry(ORT_FOLDER_KEY, str(folder))
+        if not prepack:
+            options.add_session_config_entry(NO_PREPACK_KEY, "1")
     return options
 
 
