@@ -215,7 +215,8 @@ def _save_report_and_bundle(args: argparse.Namespace, result) -> None:
         from .report.bundle import save_bundle
 
         zipped = args.bundle.lower().endswith(".zip")
-        path = save_bundle(result, dest=args.bundle, zip=zipped, tensors=values)
+        path = save_bundle(result, dest=args.bundle, zip=zipped, tensors=values,
+                           weights=getattr(args, "bundle_weights", "auto"))
         _say(f"bundle written to {path} (rerun it: workbench rerun {path})")
     if args.report:
         from .report.html import write_report
@@ -232,7 +233,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     report = rerun_bundle(args.bundle, model=args.model, cand_model=args.cand_model, inputs=args.inputs,
                           preprocess=args.preprocess, metrics=args.metric, workers=args.workers,
                           executor=args.executor, allow_engines=args.allow_engine or (),
-                          trust_unsealed=args.trust_unsealed, progress=_progress_logger() if args.verbose else None)
+                          trust_unsealed=args.trust_unsealed, progress=_progress_logger() if args.verbose else None,
+                          weights=args.weights)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
@@ -558,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",
                    help="save a rerunnable bundle: model copy, feeds, options, results "
                    "(DIR.zip: zipped); rerun it with `workbench rerun DIR`")
+    p.add_argument("--bundle-weights", choices=["auto", "copy", "reference"], default="auto",
+                   help="external weight files in the bundle: auto (past 1 GiB kept by reference: sha256, size, "
+                   "path; not copied), copy, reference")
     g = p.add_argument_group("dataset (per-sample results; any of these turns them on)")
     g.add_argument("--metric", nargs="+", metavar="NAME", help="task metrics per sample: top1, topk[:K], ctc, "
                    "mask_iou[:T], or module:function / file.py:function returning {name: number}")
@@ -634,6 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="PATH", help="the model file, for a bundle that keeps only a reference "
                    "(its sha256 must match)")
     p.add_argument("--cand-model", metavar="PATH", help="the candidate model file, likewise")
+    p.add_argument("--weights", metavar="DIR", help="the folder holding the weight files a bundle keeps by "
+                   "reference (default: beside the bundled model, then where the original model was)")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
                    help="write the workbench.rerun/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--allow-engine", nargs="+", metavar="MODULE:CLASS", help="import these engine classes named by "

@@ -233,14 +233,13 @@ class CalibrationReport:
         return self._qdq_variant(method, model, feeds, per_channel)[0].model
 
     def save_qdq(self, path: str | os.PathLike, method: str | None = None, *, check: bool = True, **kwargs) -> Path:
-        """Write :meth:`to_qdq`'s model to ``path`` atomically; with ``check``, also :meth:`check_qdq` it."""
-        from .._atomic import atomic_write_bytes
+        """Write :meth:`to_qdq`'s model to ``path`` atomically (weights past 2 GB in ``PATH.data`` beside it); with
+        ``check``, also :meth:`check_qdq` it."""
+        from ..model.mapped import save_model
 
         proto = self.to_qdq(method, **kwargs)
-        if proto.ByteSize() > 2**31 - 1:
-            raise CalibrationError("the QDQ model is over 2 GB", "save it with onnx.save(..., save_as_external_data)")
-        try:
-            written = atomic_write_bytes(path, proto.SerializeToString())
+        try:  # past 2 GB (or with weights left mapped) its weights go to PATH.data beside it
+            written = save_model(proto, path)[0]
         except OSError as e:
             raise CalibrationError(f"cannot write {path}: {e.strerror or e}", "check permissions") from None
         if check:

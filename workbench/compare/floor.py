@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from ..core.metrics import ErrorStats
 
@@ -216,9 +216,11 @@ def _tensor_of(node, i, inits, consts) -> TensorProto | None:
 
 
 def _dq_format(node, inits, consts, types) -> NumberFormat | None:
+    from ..model.mapped import tensor_array
+
     def value(i):
         t = _tensor_of(node, i, inits, consts)
-        return None if t is None else numpy_helper.to_array(t).astype(np.float64)
+        return None if t is None else tensor_array(t).astype(np.float64)  # weights left in files: mapped
 
     scale, zp = value(1), value(2)
     if scale is None:

@@ -347,7 +347,12 @@ def _inline_decided_ifs(loaded: LoadedModel, feeds: list[dict], notes: list[str]
                      "was inlined and its nodes compared one by one")
     for node, why in undecided.items():
         notes.append(f"If node {node} compared as one node ({why})")
-    return load_model(inline_ifs(loaded.proto, taken)) if taken else loaded
+    if not taken:
+        return loaded
+    from ..model.mapped import reloadable
+
+    inlined, base_dir = reloadable(inline_ifs(loaded.proto, taken))  # weights left in files stay there
+    return load_model(inlined, base_dir=base_dir)
 
 
 def _user_file_changes(reference: onnx.ModelProto, candidate: onnx.ModelProto, info: dict) -> list[dict]:

@@ -111,7 +111,9 @@ def _clean_ort_error(text: str) -> str:
 
 
 def _external_data_refs(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    from ..model.mapped import is_mapped
+
+    return any(t.data_location == onnx.TensorProto.EXTERNAL and not is_mapped(t) for t in model.graph.initializer)
 
 
 def parse_ort_error(text: str) -> dict[str, str | None]:
@@ -147,7 +149,11 @@ def probe_onnxruntime(model: onnx.ModelProto, providers=("CPUExecutionProvider",
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
+        from ..model.mapped import ort_options, session_source
+
+        source, folder = session_source(model)  # a mapped model's weights are read from their files
+        session = ort.InferenceSession(source, ort_options(options, folder, prepack=False),  # never runs
+                                       providers=list(providers))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
         text = str(exc)
         result.ok = False
@@ -190,7 +196,11 @@ def _unconverted_ops(path: str) -> list[tuple[str, str, str]]:
 
 
 def _save_for_openvino(model: onnx.ModelProto, path: str) -> None:
-    if model.ByteSize() > MAX_INMEMORY_BYTES:
+    from ..model.mapped import has_mapped, save_model
+
+    if has_mapped(model):  # weights left in their files: copied file to file beside the graph
+        save_model(model, path)
+    elif model.ByteSize() > MAX_INMEMORY_BYTES:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         onnx.save_model(copy, path, save_as_external_data=True, location=os.path.basename(path) + ".data")

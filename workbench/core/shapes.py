@@ -9,6 +9,7 @@ constants, int64 indices) are kept so that data propagation still works.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -44,7 +45,9 @@ def _stub(t: TensorProto) -> TensorProto:
 
 
 def _heavy(t: TensorProto, keep_bytes: int) -> bool:
-    return t.data_location != TensorProto.EXTERNAL and tensor_nbytes(t) > keep_bytes
+    if t.data_location == TensorProto.EXTERNAL:  # only weights left mapped in their files (absolute location)
+        return any(e.key == "location" and os.path.isabs(e.value) for e in t.external_data)
+    return tensor_nbytes(t) > keep_bytes
 
 
 def copy_fields(src, dst, skip: set[str]) -> None:

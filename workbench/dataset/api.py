@@ -242,11 +242,17 @@ def _with_files(job: Job, plan: ComparisonPlan, folder: str) -> Job:
 
     import onnx
 
+    from ..model.mapped import has_mapped, save_model
+
     refs = {}
     for side, model in (("ref", plan.ref_model), ("cand", plan.cand_model)):
         files = plan._files.get("reference" if side == "ref" else "candidate")
-        full = files.materialize(model) if files is not None and model is files.skeleton else model
         path = os.path.join(folder, f"{side}.onnx")
+        if has_mapped(model):  # weights left in their files: copied file to file beside the graph
+            save_model(model, path)
+            refs[side] = ModelRef(path=path)
+            continue
+        full = files.materialize(model) if files is not None and model is files.skeleton else model
         large = full.ByteSize() > 1_900_000_000
         onnx.save(full, path, save_as_external_data=large, location=f"{side}.weights" if large else None)
         refs[side] = ModelRef(path=path)

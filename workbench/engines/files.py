@@ -31,6 +31,8 @@ from .outputs import edit_lock, temporarily
 log = logging.getLogger(__name__)
 
 WEIGHTS = "weights.bin"
+#: mapped weights copied for runtimes that read only beside the graph file (:meth:`ModelFiles.local_graph_file`)
+LOCAL = "local.bin"
 _ALIGN = 4096
 _REGISTRY: dict[int, tuple[onnx.ModelProto, ModelFiles]] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -68,11 +70,23 @@ class ModelFiles:
     """A model's weights in ``folder/weights.bin`` and a weight-free ``skeleton`` pointing there."""
 
     def __init__(self, model: onnx.ModelProto, prefix: str = "workbench-weights-"):
+        from ..model.mapped import folder_of, has_mapped
+
         self.folder = scratch_dir(prefix)  # in this run's scratch folder: gone with it even after a kill
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
         self.refs: dict[tuple, TensorProto] = {}  # (name, dtype, dims) -> external reference
         self._count = 0
         self._lock = threading.Lock()
+        #: where relative locations of the graph files resolve: ``folder``, or the folder of weights left mapped
+        self.data_dir: str | None = None
+        self.mapped = has_mapped(model)
+        self._local: dict[tuple, TensorProto] = {}  # (file, offset, length) of a mapped tensor -> its local copy
+        if self.mapped:  # weights already in files (a model over the inline limit): nothing to write
+            self.data_dir = str(folder_of(model))
+            self.skeleton = model
+            log.info("weights of %s read from %s where they are (mapped)", model.graph.name or "the model",
+                     self.data_dir)
+            return
         with open(self.folder / WEIGHTS, "wb") as fh:
             self.skeleton = map_model_tensors(
                 model, lambda t, key: self._external(t, key, fh) if _heavy(t) and not _is_ours(t) else None)
@@ -99,7 +113,8 @@ class ModelFiles:
         """Write ``model`` (this model, an edit of it, or a model built from its skeleton) as a graph file beside
         the weights, every heavy tensor the weights hold replaced by its reference; ``outputs``: the graph outputs
         to set. Tensors the weights do not hold (a patch's new constants) are embedded. The caller deletes the
-        file once the engine has read it (:meth:`discard`)."""
+        file once the engine has read it (:meth:`discard`). Weights left mapped are named relative to
+        :attr:`data_dir`, where the engine is told to look."""
         with self._lock:
             self._count += 1
             path = self.folder / f"graph_{self._count:04d}.onnx"
@@ -113,6 +128,10 @@ class ModelFiles:
         return path
 
     def _light(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        if self.mapped:
+            from ..model.mapped import relative_to
+
+            return relative_to(model, Path(self.data_dir))
         return map_model_tensors(model, self._swap)
 
     def _swap(self, t: TensorProto, name: str) -> TensorProto | None:
@@ -130,6 +149,42 @@ class ModelFiles:
             raise ValueError(f"tensor {t.name!r} points to weights this model's files do not hold")
         return None
 
+    def local_graph_file(self, model: onnx.ModelProto, outputs: Sequence[str] | None = None) -> Path:
+        """For a runtime that reads external data only beside its graph file (OpenVINO, worker processes): the
+        mapped weights copied once, file to file, into ``folder/local.bin`` (on first use, each tensor once), and
+        a graph file beside it naming them there. The caller deletes the file (:meth:`discard`)."""
+        from ..model.mapped import WeightWriter, is_mapped, span
+
+        def local(t: TensorProto, _key: str) -> TensorProto | None:
+            if not is_mapped(t):
+                return None
+            where = span(t)
+            ref = self._local.get(where)
+            if ref is None:
+                writer = WeightWriter(self.folder / LOCAL)
+                try:
+                    ref = self._local[where] = writer.copy(t, LOCAL)
+                finally:
+                    writer.close()
+            out = TensorProto()
+            out.CopyFrom(ref)
+            out.name, out.data_type = t.name, t.data_type
+            del out.dims[:]
+            out.dims.extend(t.dims)
+            return out
+
+        with self._lock:
+            self._count += 1
+            path = self.folder / f"graph_{self._count:04d}.onnx"
+            with edit_lock(model):
+                if outputs is not None:
+                    with temporarily(model, outputs) as marked:
+                        light = map_model_tensors(marked, local)
+                else:
+                    light = map_model_tensors(model, local)
+        path.write_bytes(light.SerializeToString())
+        return path
+
     def discard(self, path: Path) -> None:
         """Delete a graph file once its engine has read it (the weights file stays)."""
         try:
@@ -142,6 +197,10 @@ class ModelFiles:
         values in memory, like onnx's reference evaluator)."""
         from onnx.external_data_helper import load_external_data_for_model
 
+        if self.mapped:
+            from ..model.mapped import materialized
+
+            return materialized(model)
         copy = self._light(model)
         load_external_data_for_model(copy, str(self.folder))
         return copy

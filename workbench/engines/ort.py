@@ -73,9 +73,13 @@ class OrtEngine(Engine):
         problem = _unavailable(self.provider)
         if problem:
             raise EngineUnavailableError(f"{self.name}: {problem[0]}", problem[1])
-        payload = model_payload(model, list(outputs))
+        payload = model_payload(model, list(outputs), external_folder=True)
         try:
             options, providers = self._session_options(len(outputs)), self._providers()
+            if payload.data_dir:  # weights left in the user's files (workbench.model.mapped)
+                from ..model.mapped import ORT_FOLDER_KEY
+
+                options.add_session_config_entry(ORT_FOLDER_KEY, payload.data_dir)
             session = interruptibly(lambda: ort.InferenceSession(payload.source, options, providers=providers),
                                     "ort-session")
         except Exception as e:

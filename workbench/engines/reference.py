@@ -58,6 +58,10 @@ class ReferenceEngine(Engine):
         files = files_for(model)
         if files is not None:  # weights on disk (skeleton references): load them into a private copy
             model = files.materialize(model)
+        else:  # weights left in the user's files (over the inline limit): the evaluator needs them in memory
+            from ..model.mapped import materialized
+
+            model = materialized(model)
         # a copy (the evaluator keeps its nodes), in topological order (it runs nodes in file order)
         wide = sort_nodes(to_float64(model) if self.precision == "float64" else self._native(model))
         try:

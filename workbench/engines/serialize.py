@@ -6,6 +6,7 @@ weights), and the size check reads tensor dims rather than serializing twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from collections.abc import Callable, Sequence
@@ -34,6 +35,9 @@ class ModelPayload:
     source: bytes | str | None
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
     _on_close: Callable[[], None] | None = field(default=None, repr=False)
+    #: where the model's relative external-data locations resolve when not beside ``source`` (weights left mapped
+    #: in the user's folder: :mod:`workbench.model.mapped`); ONNX Runtime is told with a session config entry
+    data_dir: str | None = None
 
     @property
     def is_file(self) -> bool:
@@ -68,16 +72,32 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 
 
 def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
-                  limit: int | None = None) -> ModelPayload:
+                  limit: int | None = None, *, external_folder: bool = False) -> ModelPayload:
     """Serialize ``model`` (with ``outputs`` as its graph outputs when given); past ``limit`` (default
     :data:`PROTOBUF_LIMIT`) save it with external data into a private temporary folder (never the working
-    directory) and return that path instead."""
+    directory) and return that path instead. Weights left in the user's files (:mod:`workbench.model.mapped`)
+    stay there when the caller tells its runtime where (``external_folder``: ONNX Runtime, via ``data_dir``);
+    otherwise they are copied file to file beside a private graph file."""
+    from ..model.mapped import has_mapped, save_model, session_source
     from .files import files_for
 
     files = files_for(model)
-    if files is not None:  # its weights are on disk already: a small graph file beside them
+    if files is not None and (external_folder or not files.mapped):  # weights on disk: a graph file beside them
         path = files.graph_file(model, outputs)
+        return ModelPayload(str(path), data_dir=files.data_dir, _on_close=lambda: files.discard(path))
+    if files is not None:  # weights left mapped, a runtime that reads beside its graph: one local copy, shared
+        path = files.local_graph_file(model, outputs)
         return ModelPayload(str(path), _on_close=lambda: files.discard(path))
+    if has_mapped(model):
+        if external_folder:  # weights left in their files: the graph alone, the runtime told where they are
+            with (temporarily(model, outputs) if outputs is not None else _same(model)) as marked:
+                source, folder = session_source(marked)
+            return ModelPayload(source, data_dir=str(folder))
+        tmp = temporary_dir("workbench-model-")  # a runtime that reads only beside the graph: a private copy
+        path = Path(tmp.name) / "model.onnx"
+        with (temporarily(model, outputs) if outputs is not None else _same(model)) as marked:
+            save_model(marked, path)
+        return ModelPayload(str(path), tmp)
     limit = PROTOBUF_LIMIT if limit is None else limit
     if weight_bytes(model) + _GRAPH_ROOM < limit:
         if outputs is None:
@@ -92,6 +112,11 @@ def model_payload(model: onnx.ModelProto, outputs: Sequence[str] | None = None,
     log.info("model holds %.1f GB of weights: handing it to the runtime as %s with external data",
              weight_bytes(model) / 1e9, path)
     return ModelPayload(str(path), tmp)
+
+
+@contextlib.contextmanager
+def _same(model: onnx.ModelProto):
+    yield model
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

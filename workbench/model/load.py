@@ -27,7 +27,7 @@ from ..errors import (
     OpsetTooNewError,
 )
 from .element_types import check_element_types
-from .external_data import external_refs, load_external
+from .external_data import check_external_files, external_refs, load_external
 from .fingerprint import fingerprint
 from .sniff import sniff
 from .walk import opset_imports
@@ -232,6 +232,22 @@ def name_nodes(proto: onnx.ModelProto) -> dict[str, str]:
     return renamed
 
 
+def _external(proto: onnx.ModelProto, base_dir: Path) -> list[Path]:
+    """Read the external data into ``proto``, or past :func:`~workbench.model.mapped.inline_limit` leave the
+    weights in their (checked) files, mapped (:mod:`workbench.model.mapped`)."""
+    from ..core.shapes import tensor_nbytes
+    from .external_data import all_tensors
+    from .mapped import inline_limit, map_in_place
+
+    files = check_external_files(external_refs(proto), base_dir)
+    total = sum(tensor_nbytes(t) for t in all_tensors(proto) if t.data_location == onnx.TensorProto.EXTERNAL)
+    if total <= inline_limit():
+        return load_external(proto, base_dir)
+    map_in_place(proto, base_dir)
+    log.info("%.2f GB of external data left in its files (mapped, not read into memory)", total / 1e9)
+    return files
+
+
 def _finish(
     proto: onnx.ModelProto, data: bytes, source: str, path: Path | None,
     base_dir: str | os.PathLike | None, allow_newer_opset: bool,
@@ -245,7 +261,7 @@ def _finish(
                 "the model keeps weights in external files but was given without a folder to read them from",
                 "load it from its .onnx path, or pass base_dir= the folder holding its weight files",
             )
-        files = load_external(proto, Path(base_dir))
+        files = _external(proto, Path(base_dir))
     renamed = name_nodes(proto)
     if renamed:
         log.info("named %d unnamed or duplicate nodes", len(renamed))

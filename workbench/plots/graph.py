@@ -156,14 +156,15 @@ def summarize_value(value: Any) -> str:
     and their first few values, graphs by their node count."""
     import numpy as np
     import onnx
-    from onnx import numpy_helper
+
+    from ..model.mapped import tensor_array
 
     if isinstance(value, onnx.TensorProto):
         dims = list(value.dims)
         if math.prod(dims) > INSPECT_MAX_ELEMENTS:  # a big weight: not decoded to show six values
             return f"tensor {onnx.TensorProto.DataType.Name(value.data_type).lower()} {dims}"
         try:
-            arr = numpy_helper.to_array(value)
+            arr = np.asarray(tensor_array(value))  # weights left in files: read from there
         except Exception:  # noqa: BLE001 - external or odd data: shape and type only
             return f"tensor {onnx.TensorProto.DataType.Name(value.data_type).lower()} {list(value.dims)}"
         flat = arr.reshape(-1)[:INSPECT_VALUES]

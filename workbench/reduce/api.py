@@ -21,6 +21,7 @@ from ..compare.isolate import build_isolation
 from ..core.arguments import checked
 from ..core.metrics import ErrorStats
 from ..errors import WorkbenchError
+from ..model.mapped import save_model
 from ..textfmt import safe_name
 from .common import _ISO_PREFIX, _NUMPY_TYPES, FILES, SCHEMA, ReduceError
 from .files import _agrees, _ort_or_fail, npz_bytes, run_ort
@@ -401,7 +402,7 @@ class _Reducer:
         feeds = list(range(len(self.values)))
         while True:
             pair = self.build(nodes, targets)
-            m = self.measure(pair, pair.reference.SerializeToString(), pair.candidate.SerializeToString(), feeds)
+            m = self.measure(pair, _source(pair.reference), _source(pair.candidate), feeds)
             attempts.append(Attempt(pair.nodes, m.cand, m.reproduced))
             log.info("%d node(s): %s -> %s", len(nodes), _metrics_text(self.crit.metric, m.cand),
                      "reproduces" if m.reproduced else "does not reproduce")
@@ -435,8 +436,8 @@ class _Reducer:
         files = {name: folder / name for name in FILES}
         inputs = {n: self.values[feed][n] for n in pair.inputs}
         expected = {t: self.values[feed][t] for t in pair.targets}
-        atomic_write_bytes(files["reference.onnx"], pair.reference.SerializeToString())
-        atomic_write_bytes(files["candidate.onnx"], pair.candidate.SerializeToString())
+        save_model(pair.reference, files["reference.onnx"])  # weights left mapped: NAME.onnx.data beside it
+        save_model(pair.candidate, files["candidate.onnx"])
         atomic_write_bytes(files["inputs.npz"], npz_bytes(inputs))
         atomic_write_bytes(files["expected.npz"], npz_bytes(expected))
         # the check, from the written files, as the README does it
@@ -471,3 +472,9 @@ class _Reducer:
         return str(self.cand_spec.engine)
 
 
+def _source(model: onnx.ModelProto):
+    """What ONNX Runtime runs a pair side from: its bytes, or the proto itself when its weights are left mapped
+    (:func:`workbench.reduce.files.run_ort` tells ONNX Runtime where they are)."""
+    from ..model.mapped import has_mapped
+
+    return model if has_mapped(model) else model.SerializeToString()

@@ -10,14 +10,20 @@ import numpy as np
 from .common import _CASTS, ReduceError
 
 
-def run_ort(model: str | bytes, inputs: dict[str, np.ndarray], provider: str = "CPUExecutionProvider"
+def run_ort(model, inputs: dict[str, np.ndarray], provider: str = "CPUExecutionProvider"
             ) -> dict[str, np.ndarray]:
-    """Run ``model`` as the README snippet does: a fresh ONNX Runtime session with default options, every input
-    cast to the type the model declares."""
+    """Run ``model`` (a path, bytes, or a ModelProto whose weights may be left mapped) as the README snippet
+    does: a fresh ONNX Runtime session with default options, every input cast to the type the model declares."""
     import onnxruntime as ort
 
     providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
-    session = ort.InferenceSession(model, providers=providers)
+    options = None
+    if hasattr(model, "SerializeToString"):
+        from ..model.mapped import ort_options, session_source
+
+        model, folder = session_source(model)
+        options = ort_options(ort.SessionOptions(), folder)
+    session = ort.InferenceSession(model, options, providers=providers)
     with np.errstate(over="ignore", invalid="ignore"):
         feed = {i.name: np.asarray(inputs[i.name]).astype(_CASTS.get(i.type, inputs[i.name].dtype))
                 for i in session.get_inputs()}
@@ -25,7 +31,7 @@ def run_ort(model: str | bytes, inputs: dict[str, np.ndarray], provider: str = "
     return dict(zip(names, session.run(None, feed)))
 
 
-def _ort_or_fail(what: str, model: str | bytes, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _ort_or_fail(what: str, model, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     try:
         return run_ort(model, inputs)
     except Exception as e:  # noqa: BLE001 - onnxruntime's errors share no base class worth naming

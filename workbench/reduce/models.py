@@ -106,8 +106,10 @@ def _standalone(iso: IsolationModel, outputs: dict[str, str], specs: dict[str, t
 
     model.producer_version = __version__
     model.doc_string = f"{side} side of a divergence reduced by `workbench reduce`"
-    for t in g.initializer:
-        if t.data_location == TensorProto.EXTERNAL or t.external_data:
+    from ..model.mapped import is_mapped
+
+    for t in g.initializer:  # weights left mapped are written to NAME.onnx.data beside the file
+        if (t.data_location == TensorProto.EXTERNAL or t.external_data) and not is_mapped(t):
             raise ReduceError(f"initializer {t.name!r} still points to external data",
                               "load the model with its weight files next to it")
     return model

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -272,6 +271,11 @@ def _independent(plan, model: onnx.ModelProto, ev: Evaluator, kind: str, verify:
     name = verify
     if name == plan.cand_spec.engine:
         name = "ort" if name == "ref" else "ref"
+    from ..model.mapped import has_mapped
+
+    if name == "ref" and has_mapped(model):
+        return {"skipped": "the weights stay in their files (over the inline limit) and onnx's ReferenceEvaluator "
+                           "would hold every one in memory; verify on another engine (--verify openvino)"}
     attempts = [(name, {"precision": "native"} if name == "ref" else {})]
     if kind == "qdq" and name == "ref":  # onnx's evaluator may lack Q/DQ kernels; ORT without fusions instead
         attempts.append(("ort", {"graph_optimization": "disable"}))
@@ -333,24 +337,8 @@ def _check_out(out: Any, model: Any, cand_model: Any) -> Path | None:
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     """Save atomically: one file when it fits in a protobuf (< 2 GB), else the weights beside it in
-    ``NAME.data`` (both written under temporary names, then renamed)."""
-    from .._atomic import atomic_write_bytes
+    ``NAME.data`` (written and renamed into place first; weights left mapped are copied file to file:
+    :func:`workbench.model.mapped.save_model`)."""
+    from ..model.mapped import save_model as save
 
-    path = Path(path)
-    if model.ByteSize() < 2**31 - 2**26:
-        return atomic_write_bytes(path, model.SerializeToString())
-    import shutil
-
-    from .._atomic import staged, temp_prefix
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with staged(tempfile.mkdtemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)) as made:
-        tmp = Path(made)
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        onnx.save_model(copy, str(tmp / path.name), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=f"{path.name}.data")
-        os.replace(tmp / f"{path.name}.data", path.parent / f"{path.name}.data")
-        os.replace(tmp / path.name, path)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return save(model, path)[0]

@@ -87,11 +87,17 @@ def _job(plan, builder, outputs: list[str], spec: ExecutorSpec, folder: str) -> 
 
     import onnx
 
+    from ..model.mapped import has_mapped, save_model
+
     refs = {}
     for side, model in (("reference", plan.ref_model), ("candidate", builder.candidate)):
         files = plan._files.get(side)
-        model = files.materialize(model) if files is not None and model is files.skeleton else model
         path = os.path.join(folder, f"{side}.onnx")
+        if has_mapped(model):  # weights left in their files: copied file to file beside the graph
+            save_model(model, path)
+            refs[side] = ModelRef(path=path)
+            continue
+        model = files.materialize(model) if files is not None and model is files.skeleton else model
         large = model.ByteSize() > 1_900_000_000
         onnx.save(model, path, save_as_external_data=large, location=f"{side}.weights" if large else None)
         refs[side] = ModelRef(path=path)

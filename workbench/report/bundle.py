@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 import zipfile
@@ -125,11 +126,17 @@ class BundleWriter:
     def add_feeds(self, folder: str, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
         return [self.add_arrays(f"{folder}/feed_{i:03d}.npz", f) for i, f in enumerate(feeds)]
 
-    def add_model(self, folder: str, source: Any, *, copy: bool, expected_sha: str | None) -> dict:
+    def add_model(self, folder: str, source: Any, *, copy: bool, expected_sha: str | None,
+                  weights: str = "auto") -> dict:
         """Copy a model (file + external data, or serialized proto/bytes) into ``folder``, or reference it
         (absolute path + sha256) when ``copy`` is False. The copy's fingerprint is checked against
-        ``expected_sha`` (the sha the result recorded)."""
+        ``expected_sha`` (the sha the result recorded). ``weights``: "auto" keeps external data past the inline
+        limit by reference (sha256, size, path: :mod:`workbench.report.weights_ref`), "copy" copies it,
+        "reference" references it at any size."""
         from ..model.load import LoadedModel, load_model
+        from .weights_ref import by_reference, check_mode, weight_entries
+
+        check_mode(weights)
 
         if isinstance(source, LoadedModel) and source.path is not None:
             source = source.path
@@ -147,6 +154,11 @@ class BundleWriter:
             base = src.resolve().parent
             target = self.path(f"{folder}/{src.name}")
             shutil.copyfile(src, target)
+            if by_reference(weights, loaded.external_files):  # the graph file only; weights by sha256
+                _check_sha(loaded.fingerprint, expected_sha, str(source))
+                return {"copied": True, "file": target.relative_to(self.root).as_posix(), "name": loaded.name,
+                        "sha256": loaded.fingerprint, "files": [target.relative_to(self.root).as_posix()],
+                        "weights": weight_entries(src, loaded.external_files)}
             for ext in loaded.external_files:
                 try:
                     rel = Path(ext).resolve().relative_to(base).as_posix()
@@ -279,6 +291,7 @@ def save_bundle(
     compare_kwargs: Mapping[str, Any] | None = None,
     tensors: Mapping[str, Any] | Sequence[str] | str | None = None,
     overwrite: bool = False,
+    weights: str = "auto",
 ) -> Path:
     """Save ``result`` as a rerunnable bundle at ``dest`` (a folder, or ``DEST.zip`` with ``zip=True``).
 
@@ -286,7 +299,9 @@ def save_bundle(
     a result read back from JSON needs both. ``copy_model=False`` keeps only the model's path and sha256.
     ``compare_kwargs``: compare() options overriding the recorded ones (mode, memory_budget, keep_fp32,
     calibration_feeds, cand_model, engine_options, ...). ``tensors``: ``{name: (ref, cand)}`` values, or
-    names (or "auto") to capture by running both engines once more on the first feed. Returns the path written.
+    names (or "auto") to capture by running both engines once more on the first feed. ``weights``: "auto" keeps
+    external data past the inline limit by reference (sha256 + size + path, not copied), "copy" or "reference"
+    (:mod:`workbench.report.weights_ref`). Returns the path written.
     """
     if dest is None:
         raise BundleError("save_bundle needs a destination", "pass dest='my_bundle' (a new folder)")
@@ -314,10 +329,11 @@ def save_bundle(
     writer = BundleWriter(dest, kind="compare", zip=zip, overwrite=overwrite)
     try:
         m = writer.manifest
-        m["model"] = writer.add_model("model", model, copy=copy_model, expected_sha=result.model.get("sha256"))
+        m["model"] = writer.add_model("model", model, copy=copy_model, expected_sha=result.model.get("sha256"),
+                                      weights=weights)
         cand = opts.get("cand_model")
         m["cand_model"] = None if cand is None else writer.add_model(
-            "cand_model", cand, copy=copy_model, expected_sha=(result.variant or {}).get("sha256"))
+            "cand_model", cand, copy=copy_model, expected_sha=(result.variant or {}).get("sha256"), weights=weights)
         m["compare"], notes = _compare_options(result, opts)
         m["engines"] = result.engines
         m["variant"] = {k: v for k, v in (result.variant or {}).items() if k != "tensor_map"}
@@ -376,6 +392,39 @@ class Bundle:
     _tmp: Path | None = field(default=None, repr=False)
     #: False for a bundle without a seal that the caller chose to trust (``trust_unsealed=True``)
     sealed: bool = True
+    #: the folder holding weight files the bundle keeps by reference (``rerun --weights DIR``), if given
+    weights_dir: str | os.PathLike | None = None
+
+    def use_weights(self, folder: str | os.PathLike | None) -> None:
+        """Look for the weights kept by reference in ``folder`` first; refused when the bundle keeps none, or when
+        ``folder`` is not a folder."""
+        if folder is None:
+            return
+        from .._files import file_kind
+
+        path = Path(folder).expanduser()
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as e:
+            raise BundleError(f"--weights {folder}: {e.strerror}", "pass the folder holding the weight files") \
+                from None
+        if not stat.S_ISDIR(mode):
+            raise BundleError(f"--weights {folder} is {file_kind(mode)}, not a folder",
+                              "pass the folder holding the weight files")
+        with os.scandir(path) as entries:  # only regular files are read: a FIFO or device there is refused
+            for entry in entries:
+                try:
+                    mode = os.stat(entry.path).st_mode
+                except OSError:
+                    continue
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    raise BundleError(f"--weights {folder}: {entry.path} is {file_kind(mode)}, not a regular "
+                                      "file; refusing to read it", "pass a folder of regular weight files")
+        if not any(isinstance(self.manifest.get(s), dict) and self.manifest[s].get("weights")
+                   for s in ("model", "cand_model")):
+            raise BundleError(f"--weights {folder}: {self.source.name} keeps no weights by reference",
+                              "drop --weights")
+        self.weights_dir = path
 
     @property
     def result(self) -> CompareResult:
@@ -486,21 +535,37 @@ class Bundle:
             raise UnsafeBundleError(f"{self.source.name}: manifest '{section}.path' {path!r} is not an .onnx path")
         return Path(path)
 
-    def load_model(self, section: str = "model", override: str | os.PathLike | None = None):
-        """The model as a LoadedModel, refused unless its sha256 is the one the manifest records."""
+    def load_model(self, section: str = "model", override: str | os.PathLike | None = None,
+                   weights: str | os.PathLike | None = None):
+        """The model as a LoadedModel, refused unless its sha256 is the one the manifest records. Weights kept by
+        reference are looked for in ``weights`` (a folder), beside the bundled graph, then where they were
+        (:func:`workbench.report.weights_ref.find_weights`)."""
         from ..model.load import load_model
 
         path = self.model_file(section, override)
+        entry = self.manifest.get(section) or {}
+        if override is None and path is not None and entry.get("weights"):
+            from .._files import read_capped
+            from ..model.load import MAX_MODEL_BYTES
+            from .weights_ref import find_weights
+
+            base = find_weights(entry["weights"], path.parent, weights if weights is not None else self.weights_dir,
+                                f"{self.source.name}: {section.replace('_', ' ')}")
+            loaded = load_model(read_capped(path, MAX_MODEL_BYTES, "model file", BundleError), base_dir=base)
+            loaded.path = path.absolute()  # its name; the weights (mapped, or read in) came from ``base``
+        else:
+            loaded = None
         if path is None:
             return None
         expected = self.manifest[section].get("sha256")
         if not isinstance(expected, str):
             raise BundleError(f"{self.source.name}: manifest '{section}' records no sha256")
-        if not path.exists():
-            raise BundleError(f"{section.replace('_', ' ')} file {path} not found (the bundle keeps only a "
-                              "reference to it)", "pass the model file: `workbench rerun BUNDLE --model PATH`")
-        regular_file(path, f"{section.replace('_', ' ')} file {path}", "pass the .onnx file itself")
-        loaded = load_model(path)
+        if loaded is None:
+            if not path.exists():
+                raise BundleError(f"{section.replace('_', ' ')} file {path} not found (the bundle keeps only a "
+                                  "reference to it)", "pass the model file: `workbench rerun BUNDLE --model PATH`")
+            regular_file(path, f"{section.replace('_', ' ')} file {path}", "pass the .onnx file itself")
+            loaded = load_model(path)
         if loaded.fingerprint != expected:
             raise ModelMismatchError(f"{section.replace('_', ' ')} {path.name} has sha256 {loaded.fingerprint}, "
                                      f"the bundle recorded sha256 {expected}")

@@ -117,7 +117,8 @@ class RerunReport:
 def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike | None = None,
                  cand_model: str | os.PathLike | None = None, isolate: bool | None = None,
                  timeout_s: float | None = None, progress: Any = None, allow_engines: Any = (),
-                 trust_unsealed: bool = False, **dataset_args: Any) -> RerunReport:
+                 trust_unsealed: bool = False, weights: str | os.PathLike | None = None,
+                 **dataset_args: Any) -> RerunReport:
     """Re-execute the comparison a bundle recorded and compare with its saved results (a calibration or dataset
     bundle gives its own rerun report).
 
@@ -126,7 +127,8 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
     by class path (``package.module:Class``) is imported only when listed in ``allow_engines`` (a bundle never
     imports code by itself). A bundle whose manifest carries no seal is refused (:class:`UnsealedBundleError`)
     unless ``trust_unsealed``. ``dataset_args`` (dataset bundles): ``inputs``, ``preprocess``, ``metrics``,
-    ``workers``, ``executor``."""
+    ``workers``, ``executor``. ``weights``: the folder holding weight files the bundle keeps by reference (else
+    they are looked for beside the bundled graph and where the original model was)."""
     from ..compare.api import compare
     from ..compare.criterion import Criterion
     from ..compare.options import CompareOptions
@@ -134,6 +136,7 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
     b = bundle if isinstance(bundle, Bundle) else load_bundle(bundle, trust_unsealed=trust_unsealed)
     kind = b.manifest.get("kind", "compare")
     try:
+        b.use_weights(weights)
         if kind != "compare":  # another producer's bundle (calibration, dataset): its own rerunner, by name
             given = {k: v for k, v in dataset_args.items() if v is not None}
             if kind == "dataset":

@@ -6,9 +6,9 @@ import logging
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..core.shapes import KEEP_BYTES, tensor_nbytes
+from ..model.mapped import tensor_array
 from ..model.walk import iter_nodes, subgraphs_of
 from .graph_names import node_names, original_consumers
 from .result import ClampRecord
@@ -61,8 +61,8 @@ def find_clamps(
         if key not in after or (only is not None and key not in only and tensor_nbytes(tensor) > KEEP_BYTES):
             continue
         try:
-            a = numpy_helper.to_array(tensor).astype(np.float32, copy=False)
-            b = numpy_helper.to_array(after[key][0]).astype(np.float32)
+            a = tensor_array(tensor)
+            b = tensor_array(after[key][0])
         except (ValueError, TypeError, OSError) as e:  # external data not loaded, odd encodings
             log.debug("cannot compare constant %s: %s", key, e)
             continue
@@ -71,15 +71,70 @@ def find_clamps(
         step = rounding
         if rounding is not None and after[key][0].data_type == onnx.TensorProto.BFLOAT16:
             step = max(rounding, 2.0 ** -7)  # bfloat16 keeps 8 significant bits
+        if isinstance(a, np.memmap) or isinstance(b, np.memmap):  # weights left mapped: only the changed values
+            where, a_s, b_s = _changed_values(tensor, after[key][0], min_positive, step)
+            records += _records(key, source, a_s, b_s, max_finite, min_positive, converted, originals, step,
+                                where=where, size=a.size)
+            continue
+        a, b = a.astype(np.float32, copy=False), b.astype(np.float32)
         records += _records(key, source, a.ravel(), b.ravel(), max_finite, min_positive, converted, originals, step)
     records.sort(key=lambda r: (r.kind != "overflow", -r.max_abs_change))
     return records
 
 
+def _changed(a: np.ndarray, b: np.ndarray, min_positive: float, rounding: float | None) -> np.ndarray:
+    """Where ``b`` differs from ``a`` (the superset of :func:`_records`' masks)."""
+    finite = np.isfinite(a)
+    if rounding is None:
+        return finite & (a != b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return finite & ~(np.abs(b.astype(np.float64) - a) <= rounding * np.abs(a) + min_positive)
+
+
+def _changed_values(a: onnx.TensorProto, b: onnx.TensorProto, min_positive: float, rounding: float | None,
+                    chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat positions, values of ``a``, values of ``b``) where the tensors differ, read piece by piece (mapped
+    weights are never held whole)."""
+    from ..model.mapped import flat_chunks
+
+    where, xs, ys = [], [], []
+    start = 0
+    a_parts = flat_chunks(a, chunk * 4)
+    b_parts = _rechunk(flat_chunks(b, chunk * 4))
+    next(b_parts)
+    for x in a_parts:
+        x = x.astype(np.float32, copy=False)
+        y = b_parts.send(x.size).astype(np.float32, copy=False)
+        idx = np.flatnonzero(_changed(x, y, min_positive, rounding))
+        where.append(idx + start)
+        xs.append(x[idx])
+        ys.append(y[idx])
+        start += x.size
+    if not where:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32)
+    return np.concatenate(where), np.concatenate(xs), np.concatenate(ys)
+
+
+def _rechunk(parts):
+    """A generator that, sent a count, gives the next that many values of the flat pieces ``parts``."""
+    buffer = np.zeros(0, np.float32)
+    want = yield None
+    for part in parts:
+        buffer = np.concatenate([buffer, part]) if buffer.size else part
+        while want is not None and buffer.size >= want:
+            out, buffer = buffer[:want], buffer[want:]
+            want = yield out
+    while want is not None:
+        out, buffer = buffer[:want], buffer[want:]
+        want = yield out
+
+
 def _records(
     key: str, source: str, a: np.ndarray, b: np.ndarray, max_finite: float, min_positive: float,
     converted: onnx.ModelProto, originals: set[str], rounding: float | None = None,
+    where: np.ndarray | None = None, size: int | None = None,
 ) -> list[ClampRecord]:
+    """``where``/``size``: ``a`` and ``b`` are the values at these flat positions of a tensor of ``size``."""
     finite = np.isfinite(a)
     if rounding is None:  # a known converter's limits
         changed = finite & (a != b)
@@ -107,10 +162,10 @@ def _records(
         else:
             consumers = original_consumers(key, converted, originals)
         out.append(ClampRecord(
-            name=key, source=source, kind=kind, count=int(idx.size), size=int(a.size),
+            name=key, source=source, kind=kind, count=int(idx.size), size=int(a.size if size is None else size),
             original=[float(a[i]) for i in order], converted=[float(b[i]) for i in order],
             max_rel_change=float((abs_change / np.abs(a[idx])).max()), max_abs_change=float(abs_change.max()),
-            consumers=consumers, indices=[int(i) for i in idx[:5]],
+            consumers=consumers, indices=[int(i) for i in (idx if where is None else where[idx])[:5]],
         ))
     return out
 
@@ -157,8 +212,8 @@ def requantized_weights(reference: onnx.ModelProto, candidate: onnx.ModelProto, 
         fmt = _dq_format(node, inits, {}, types)
         if not isinstance(fmt, NumberFormat):
             continue
-        a = numpy_helper.to_array(ref[base]).astype(np.float32)
-        q = numpy_helper.to_array(inits[qname]).astype(np.float64)
+        a = tensor_array(ref[base]).astype(np.float32)
+        q = tensor_array(inits[qname]).astype(np.float64)
         scale, zp = fmt._broadcast(q, fmt.scale), fmt._broadcast(q, fmt.zero_point)
         b = ((q - zp) * scale).astype(np.float32)
         if a.shape != b.shape:

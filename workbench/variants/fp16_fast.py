@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..core.shapes import is_stub
+from ..model.mapped import is_mapped
 from ..model.walk import subgraphs_of
 
 
@@ -74,24 +75,64 @@ def fill_weights(converted: onnx.ModelProto, original: onnx.ModelProto, limits: 
     ``original`` tensor's data, converted to float16 by ``counter`` (the converters' rule) where the converter
     made it float16."""
     source = {key: t for key, _, t in _tensors(original.graph)}
-    for key, name, t in _tensors(converted.graph):
-        if not is_stub(t):
-            continue
-        src = source.get(key)
-        if src is None:
-            raise ValueError(f"the converter created tensor {key[-1]!r} that the original model does not hold")
-        if t.data_type == TensorProto.FLOAT16 and src.data_type == TensorProto.FLOAT:
-            before = counter.clamped
-            data = counter(numpy_helper.to_array(src), *limits)
-            if counter.clamped > before:
-                counter.names.add(name)
-            tname, dims = t.name, list(t.dims)
-            t.Clear()
-            t.name, t.data_type = tname, TensorProto.FLOAT16
-            t.dims.extend(dims)
-            t.raw_data = data.tobytes()
-        else:
-            dims = list(t.dims)
-            t.CopyFrom(src)
-            del t.dims[:]
-            t.dims.extend(dims)
+    writer = None
+    try:
+        for key, name, t in _tensors(converted.graph):
+            if not is_stub(t):
+                continue
+            src = source.get(key)
+            if src is None:
+                raise ValueError(f"the converter created tensor {key[-1]!r} that the original model does not hold")
+            if is_mapped(src):  # weights left in their files: converted piece by piece into a file of this run
+                writer = writer or _variant_writer()
+                _fill_mapped(t, src, limits, counter, name, writer)
+                continue
+            _fill(t, src, limits, counter, name)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _variant_writer():
+    from ..core.scratch import scratch_dir
+    from ..model.mapped import WeightWriter
+
+    return WeightWriter(scratch_dir("workbench-fp16-") / "weights.bin")
+
+
+def _fill_mapped(t: TensorProto, src: TensorProto, limits, counter: ClampCounter, name: str, writer) -> None:
+    """Fill ``t`` with a mapped tensor ``src``: its float16 conversion (or its bytes) written by ``writer``."""
+    from ..model.mapped import flat_chunks
+
+    if t.data_type == TensorProto.FLOAT16 and src.data_type == TensorProto.FLOAT:
+        before = counter.clamped
+        ref = writer.write_array(t, (counter(chunk, *limits) for chunk in flat_chunks(src)))
+        if counter.clamped > before:
+            counter.clamped = before + 1  # one tensor, however many of its pieces were clamped
+            counter.names.add(name)
+    else:
+        ref = writer.copy(src)
+    dims = list(t.dims)
+    t.CopyFrom(ref)
+    t.data_type = ref.data_type
+    del t.dims[:]
+    t.dims.extend(dims)
+
+
+def _fill(t: TensorProto, src: TensorProto, limits, counter: ClampCounter, name: str) -> None:
+    """Fill ``t`` with ``src``'s data in memory, converted to float16 where the converter made ``t`` float16."""
+    if t.data_type == TensorProto.FLOAT16 and src.data_type == TensorProto.FLOAT:
+        before = counter.clamped
+        data = counter(numpy_helper.to_array(src), *limits)
+        if counter.clamped > before:
+            counter.names.add(name)
+        tname, dims = t.name, list(t.dims)
+        t.Clear()
+        t.name, t.data_type = tname, TensorProto.FLOAT16
+        t.dims.extend(dims)
+        t.raw_data = data.tobytes()
+    else:
+        dims = list(t.dims)
+        t.CopyFrom(src)
+        del t.dims[:]
+        t.dims.extend(dims)

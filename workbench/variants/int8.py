@@ -119,11 +119,22 @@ def _quantize(
     if ranges:
         _add_overrides(model, ranges, activation_type == "uint8", extra, details, notes)
     kwargs: dict[str, Any] = {}
-    with temporary_dir("workbench-int8-") as tmp:
+    from ..model.mapped import has_mapped
+
+    mapped = has_mapped(model)
+    with _work_dir(mapped) as tmp:
         source = Path(tmp) / "model.onnx"
-        onnx.save_model(copy_model(model), source, save_as_external_data=model.ByteSize() > 2**30,
-                        location="model.data")
-        prepared = _preprocess(source, Path(tmp), details, notes)
+        if mapped:  # weights left in their files: copied file to file, never read into memory here
+            from ..model.mapped import save_model
+
+            save_model(model, source)
+            kwargs["use_external_data_format"] = True
+            details["preprocessing"] = "none (weights left in their files: quant_pre_process would load them whole)"
+            prepared = source
+        else:
+            onnx.save_model(copy_model(model), source, save_as_external_data=model.ByteSize() > 2**30,
+                            location="model.data")
+            prepared = _preprocess(source, Path(tmp), details, notes)
         if method != "minmax" and scan.nonfinite:
             if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
                 raise VariantError(f"{method} calibration cannot histogram the non-finite tensors "
@@ -153,7 +164,26 @@ def _quantize(
             raise VariantError(f"ONNX Runtime's quantize_static failed: {first_line(e)[:300]}",
                                "exclude the failing nodes (exclude_nodes / --exclude-nodes) or try method='minmax'"
                                ) from None
+        if mapped:  # the quantized model's weights stay in this run's scratch folder, mapped
+            from ..model.mapped import map_files
+
+            quantized = onnx.load(str(output), load_external_data=False)
+            map_files(quantized, Path(tmp))
+            return quantized
         return onnx.load(str(output))
+
+
+@contextlib.contextmanager
+def _work_dir(keep: bool):
+    """A temporary folder: deleted after the block, or (``keep``: its files stay mapped by the result) one in this
+    run's scratch folder, deleted with it."""
+    if keep:
+        from ..core.scratch import scratch_dir
+
+        yield str(scratch_dir("workbench-int8-"))
+        return
+    with temporary_dir("workbench-int8-") as tmp:
+        yield tmp
 
 
 def _preprocess(source: Path, tmp: Path, details: dict, notes: list[str]) -> Path:

@@ -21,6 +21,11 @@ def ort_session(model: onnx.ModelProto, *, optimize: bool = False) -> Any:
     options.log_severity_level = 3
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    from ..model.mapped import has_mapped, ort_options, session_source
+
+    if has_mapped(model):  # weights left in their files: ONNX Runtime reads them there
+        source, folder = session_source(model)
+        return ort.InferenceSession(source, ort_options(options, folder), providers=["CPUExecutionProvider"])
     if model.ByteSize() < _PROTO_LIMIT:
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     copy = onnx.ModelProto()

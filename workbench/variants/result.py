@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -49,6 +51,13 @@ class VariantResult:
     excluded_nodes: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, path: str | os.PathLike) -> list[Path]:
+        """Write the variant model to ``path`` atomically; past 2 GB, or with weights left in files (a model over
+        the inline limit), its weights go to ``NAME.data`` beside it. Returns the files written."""
+        from ..model.mapped import save_model
+
+        return save_model(self.model, path)
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the model, JSON-ready."""
