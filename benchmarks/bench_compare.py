@@ -67,9 +67,11 @@ out = session.run(None, dict(np.load(sys.argv[2])))
 print(out[0].shape, float(np.isfinite(out[0]).mean()))
 """
 
-CONVERT = (
+CONVERT = (  # a model over protobuf's 2 GB limit is saved with external data, as its users must
     "import sys, onnx; from onnxruntime.transformers.float16 import convert_float_to_float16 as c; "
-    "onnx.save(c(onnx.load(sys.argv[1]), keep_io_types=True), sys.argv[2])"
+    "m = c(onnx.load(sys.argv[1]), keep_io_types=True); "
+    "big = sum(len(t.raw_data) for t in m.graph.initializer) > 2**31 - 2**26; "
+    "onnx.save(m, sys.argv[2], save_as_external_data=big, location='model_fp16.onnx.data')"
 )
 
 # The floor: argv = model, feed .npz. Typed outputs come from shape inference (the converter's keep_io_types casts
@@ -236,9 +238,11 @@ def run_polygraphy(path: Path, shapes: list[str], work: Path, inputs_json: Path 
     for label, argv in argvs:
         steps.append(measure(argv, work, timeout, cap_mib))
         last = steps[-1]
-        if last["over_cap"] or last["timed_out"]:
+        failed = last["rc"] != 0 and label != "run FP16"  # the last step's exit code is its verdict
+        if last["over_cap"] or last["timed_out"] or failed:
             why = (f"over {cap_mib / 1024:.0f} GiB at {last['over_cap']['at_s']:.0f} s" if last["over_cap"]
-                   else f"past {timeout:.0f} s")
+                   else f"past {timeout:.0f} s" if last["timed_out"] else
+                   f"exit {last['rc']}: {(last['output'].strip().splitlines() or [''])[-1][:300]}")
             total = sum(s["wall_s"] for s in steps)
             return {"did_not_finish": f"did not finish: {why} (step '{label}', {total:.0f} s in all)",
                     "wall_s": total, "rss_mib": max(s["rss_mib"] for s in steps),
@@ -340,7 +344,7 @@ def bench_one(name: str, args: argparse.Namespace) -> dict:
         if args.stream_too and not big:
             try:
                 ours = run_ours(path, spec["shapes"], work, feed, args.memory_budget, args.timeout,
-                                extra=("--stream", "on"))
+                                extra=("--stream", "on", "--segment-size", args.segment_size))
                 row["ours_stream"] = {k: v for k, v in ours.items() if k != "output"}
             except RuntimeError as e:
                 row["ours_stream"] = {"error": str(e)}
@@ -455,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="kill any step of the big model past this much RSS (default 14)")
     parser.add_argument("--stream-too", action="store_true",
                         help="also run ours with --stream on for the models that do not stream by default")
+    parser.add_argument("--segment-size", default="64M", help="--segment-size of that run (default 64M)")
     args = parser.parse_args(argv)
     rows = []
     for name in args.models:

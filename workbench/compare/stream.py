@@ -3,12 +3,12 @@
 The graph is cut at single-tensor frontiers (:mod:`workbench.model.segments`; a transformer's block boundaries).
 The model is read without its external data; the FP16 converter decides types and Casts once on that weight-free
 graph, and each segment's weights are filled in (the converters' own rule, :mod:`workbench.variants.fp16_fast`)
-from the external data memory-mapped for that segment only. Per segment: the reference sub-model (its weights read
-by the engine from the model's own files, hard-linked into a private folder) runs on the reference chain's frontier
-value; the candidate sub-model runs once on the candidate chain's frontier value (the error as received, like the
-full run) and once on the reference's (the error the segment introduces by itself); every node runs alone on
-reference inputs (the culprit search); then everything but the statistics and the two frontier values is
-released. Peak memory follows the largest segment, not the model. The result is the same
+from the external data memory-mapped for that segment only, then written to the segment's private weight files
+(:class:`~workbench.engines.files.ModelFiles`) that its sessions map. Per segment: the reference sub-model runs on the
+reference chain's frontier value; the candidate sub-model runs once on the candidate chain's frontier value (the
+error as received, like the full run) and once on the reference's (the error the segment introduces by itself);
+every node runs alone on reference inputs (the culprit search); then everything but the statistics and the two
+frontier values is released. Peak memory follows the largest segment, not the model. The result is the same
 :class:`~workbench.compare.result.CompareResult` as a whole-model comparison (impact measurement excepted: it
 patches the whole candidate).
 """
@@ -19,10 +19,8 @@ import contextlib
 import logging
 import mmap
 import os
-import shutil
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,6 @@ from ..core.budget import parse_size
 from ..core.feeds import cast_feeds
 from ..core.metrics import ErrorStats
 from ..core.progress import Progress, Steps
-from ..core.scratch import scratch_dir
 from ..core.shapes import KEEP_BYTES, infer_shapes_lenient, is_stub, tensor_nbytes, value_types
 from ..engines.spec import EngineSpec
 from ..errors import SpecError
@@ -52,11 +49,18 @@ log = logging.getLogger(__name__)
 STREAM_CHOICES = ("auto", "on", "off")
 
 
+#: a model file larger than this holds its weights itself: its size is what counts (it is not parsed to check)
+SMALL_GRAPH = 64 << 20
+
+
 def model_bytes(path: Path) -> int:
-    """The .onnx file plus every external data file it references (0 for what cannot be read)."""
+    """The .onnx file plus every external data file it references (0 for what cannot be read). Only a small
+    graph file is parsed (a weight-free graph), so the check never holds a model in memory."""
     from ..model.external_data import external_refs
 
     try:
+        if path.stat().st_size > SMALL_GRAPH:
+            return path.stat().st_size
         skeleton = onnx.load(str(path), load_external_data=False)
         names = {r.location for r in external_refs(skeleton)}
         return path.stat().st_size + sum((path.parent / n).stat().st_size for n in names
@@ -137,54 +141,6 @@ class WeightReader:
         self._maps.clear()
 
 
-class LinkedWeights:
-    """The model's own external data files hard-linked into a private folder; graph files written beside them, so
-    sessions read (map) the weights from the user's files without a copy and nothing is written next to them.
-    Duck-types :class:`workbench.engines.files.ModelFiles` for :func:`workbench.engines.serialize.model_payload`."""
-
-    def __init__(self, base_dir: Path, locations: list[str]):
-        from ..model.external_data import confined_path
-
-        self.folder = scratch_dir("workbench-stream-")
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
-        self._count = 0
-        self._lock = threading.Lock()
-        for loc in locations:
-            target = self.folder / loc
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(confined_path(base_dir, loc), target)  # OSError (another file system): the caller copies
-
-    def graph_file(self, model: onnx.ModelProto, outputs=None) -> Path:
-        from ..engines.outputs import edit_lock, temporarily
-
-        with self._lock:
-            self._count += 1
-            path = self.folder / f"graph_{self._count:04d}.onnx"
-        with edit_lock(model):
-            if outputs is not None:
-                with temporarily(model, outputs) as marked:
-                    data = marked.SerializeToString()
-            else:
-                data = model.SerializeToString()
-        path.write_bytes(data)
-        return path
-
-    def discard(self, path: Path) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-    def materialize(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        load_external_data_for_model(copy, str(self.folder))
-        return copy
-
-    def close(self) -> None:
-        self._finalizer()
-
-
 def cut(model: onnx.ModelProto, targets: list[str], stops: set[str], types: dict[str, onnx.TypeProto],
         name: str) -> onnx.ModelProto:
     """The sub-model computing ``targets`` from ``stops`` (its inputs; graph inputs among them): every node on the
@@ -228,9 +184,84 @@ def cut(model: onnx.ModelProto, targets: list[str], stops: set[str], types: dict
     return sub
 
 
-def fill(sub: onnx.ModelProto, source: dict[str, TensorProto], reader: WeightReader, limits, counter) -> None:
-    """Give every data-less initializer of ``sub`` (stubs and external references) the original's data, as
-    float16 by the converters' rule where the converter made it float16; in place."""
+class SegmentFiles:
+    """One segment's weights written straight from their arrays (memory-mapped originals, converted float16) into a
+    private ``weights.bin`` (page-aligned), its sub-model's tensors pointing there, and graph files written beside
+    it per session. Duck-types :class:`workbench.engines.files.ModelFiles` for the engines."""
+
+    def __init__(self):
+        import shutil
+        import weakref
+
+        from ..core.scratch import scratch_dir
+        from ..engines.files import WEIGHTS
+
+        self.folder = scratch_dir("workbench-segment-")
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
+        self._fh = open(self.folder / WEIGHTS, "wb")  # noqa: SIM115 - closed by finish()
+        self._location = WEIGHTS
+        self._count = 0
+        self.skeleton: onnx.ModelProto | None = None
+
+    def put(self, t: TensorProto, data: np.ndarray) -> None:
+        """Write ``data`` and make ``t`` (same name and dims; type from ``data``) a reference to it, in place."""
+        offset = self._fh.tell()
+        pad = (-offset) % 4096
+        if pad:
+            self._fh.write(b"\0" * pad)
+            offset += pad
+        data = np.ascontiguousarray(data)
+        self._fh.write(memoryview(data).cast("B"))
+        name, dims = t.name, list(t.dims)
+        t.Clear()
+        t.name, t.data_type = name, helper.np_dtype_to_tensor_dtype(data.dtype)
+        t.dims.extend(dims)
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self._location), ("offset", str(offset)), ("length", str(data.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+
+    def finish(self, model: onnx.ModelProto) -> None:
+        self._fh.close()
+        self.skeleton = model
+
+    def graph_file(self, model: onnx.ModelProto, outputs=None) -> Path:
+        from ..engines.outputs import edit_lock, temporarily
+
+        self._count += 1
+        path = self.folder / f"graph_{self._count:04d}.onnx"
+        with edit_lock(model):
+            if outputs is not None:
+                with temporarily(model, outputs) as marked:
+                    data = marked.SerializeToString()
+            else:
+                data = model.SerializeToString()
+        path.write_bytes(data)
+        return path
+
+    def discard(self, path: Path) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+    def materialize(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        load_external_data_for_model(copy, str(self.folder))
+        return copy
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+        self._finalizer()
+
+
+def fill(sub: onnx.ModelProto, source: dict[str, TensorProto], reader: WeightReader, files: SegmentFiles,
+         limits=None, counter=None, clamped: dict | None = None) -> None:
+    """Write every data-less initializer of ``sub`` (stubs and external references) to ``files`` from the original's
+    data (memory-mapped), as float16 by the converters' rule (``counter``) where the converter made it float16; the
+    converted values of tensors the rule clamped go to ``clamped`` (for the clamp report)."""
     for t in sub.graph.initializer:
         if not (is_stub(t) or t.data_location == TensorProto.EXTERNAL):
             continue
@@ -241,9 +272,11 @@ def fill(sub: onnx.ModelProto, source: dict[str, TensorProto], reader: WeightRea
             data = counter(data, *limits)
             if counter.clamped > before:
                 counter.names.add(t.name)
-        new = numpy_helper.from_array(np.ascontiguousarray(data), t.name)
+                if clamped is not None:
+                    clamped[t.name] = data
+        files.put(t, data)
         del data
-        t.CopyFrom(new)
+    files.finish(sub)
 
 
 @dataclass
@@ -295,11 +328,20 @@ class StreamPlan:
         skeleton.ParseFromString(data)
         refs = external_refs(skeleton)
         files = check_external_files(refs, path.parent) if refs else []
-        self.locations = sorted({r.location for r in refs})
         name_nodes(skeleton)
         check_structure(skeleton)
-        self.original = _Original(skeleton, fingerprint(data, files), path)
+        digest = fingerprint(data, files)
         del data
+        self.weights_dir = path.parent
+        self._embedded = None
+        if not refs and any(tensor_nbytes(t) > KEEP_BYTES for t in skeleton.graph.initializer):
+            from ..engines.files import ModelFiles
+
+            # weights held in the .onnx file itself: written once to a private file, then read like external data
+            self._embedded = ModelFiles(skeleton, prefix="workbench-stream-")
+            skeleton = self._embedded.skeleton
+            self.weights_dir = self._embedded.folder
+        self.original = _Original(skeleton, digest, path)
         self.engine_options = dict(opts.engine_options)
         self.custom_engines: list[str] = []
         self.granularity: dict = {}
@@ -316,13 +358,15 @@ class StreamPlan:
         self.ref_variant = None
         self.source = {t.name: t for t in skeleton.graph.initializer}
         if self.cand_spec.variant == "fp16":
-            self.cand_model, var, self.limits = _fp16_skeleton(skeleton, inferred, opts.keep_fp32)
+            self.cand_model, var, self.limits, small_clamped = _fp16_skeleton(skeleton, inferred, opts.keep_fp32)
             self.views = dict(var.tensor_map)
             self.variant_info = var.to_json()
         else:
-            self.cand_model, self.views, self.limits = skeleton, {}, None
+            self.cand_model, self.views, self.limits, small_clamped = skeleton, {}, None, False
             self.variant_info = {"variant": "fp32", "converter": "none"}
         self.clamps: list[dict] = self.variant_info.setdefault("clamped", []) if self.limits else []
+        if self.limits and small_clamped:  # the converter clamped a constant the graph holds itself
+            self.clamps.extend(r.to_json() for r in _small_clamps(skeleton, self.cand_model, self.limits))
         self.timing["variant_s"] = time.perf_counter() - t1
         self.cand_inferred = infer_shapes_lenient(self.cand_model)
         self.cand_types = value_types(self.cand_inferred)
@@ -346,7 +390,6 @@ class StreamPlan:
         self._engines: dict = {}
         self._lock = threading.Lock()
         self._current = None  # the segment's candidate files (isolation models read them)
-        self._links: LinkedWeights | None = None
         self.segment_records: list[dict] = []
         if self.cand_spec.engine == "ort" and self.cand_precision.family == "fp16":
             self.notes.append("ONNX Runtime's CPU provider runs most FP16 ops in FP32 (it inserts Casts), so FP16 "
@@ -415,8 +458,8 @@ class StreamPlan:
         return run_plan(self, Steps(progress, cancel))
 
     def close(self) -> None:
-        if self._links is not None:
-            self._links.close()
+        if self._embedded is not None:
+            self._embedded.close()
         for engine in self._engines.values():
             if type(engine).__name__ == "IsolatedEngine":
                 engine.close()
@@ -428,11 +471,6 @@ class StreamPlan:
         n = len(self.segments)
         ref_chain: list[dict[str, np.ndarray]] = [{} for _ in self.feeds]
         cand_chain: list[dict[str, np.ndarray]] = [{} for _ in self.feeds]
-        if self.locations and self._links is None:
-            try:
-                self._links = LinkedWeights(self.original.base_dir, self.locations)
-            except OSError as e:  # another file system: each reference segment writes its own weights
-                log.info("cannot link the weight files (%s); segments copy theirs", e)
         for seg in self.segments:
             span = ctx.step.span(seg.index / n, (seg.index + 1) / n)
             self._segment(ctx, seg, out, ref_chain, cand_chain, span)
@@ -444,6 +482,8 @@ class StreamPlan:
         if worst:
             ctx.notes.append(worst)
         ctx.timing["segments"] = float(n)
+        order = {name: i for i, name in enumerate(self.source)}  # ties as find_clamps leaves them: model order
+        self.clamps.sort(key=lambda r: (r["kind"] != "overflow", -r["max_abs_change"], order.get(r["name"], -1)))
         ctx.step(1.0, "layer-wise comparison done")
         return out
 
@@ -458,7 +498,7 @@ class StreamPlan:
                 f"reference's input (from its own chain's: {_fmt((r.get('received') or {}).get(crit.metric))})")
 
     def _segment(self, ctx: Context, seg: Segment, out: Measured, ref_chain, cand_chain, span: Steps) -> None:
-        from ..engines.files import ModelFiles, register, unregister
+        from ..engines.files import register, unregister
         from ..variants.fp16_fast import ClampCounter
         from .isolate import build_isolation
 
@@ -478,25 +518,21 @@ class StreamPlan:
         cand_stops = {i.name for i in self.cand_model.graph.input} | ({cand_enters} if cand_enters else set())
         cand_sub = cut(self.cand_model, cand_targets, cand_stops, self.cand_types, f"segment{seg.index}")
         t0 = time.perf_counter()
-        reader = WeightReader(self.original.base_dir)
+        reader = WeightReader(self.weights_dir)
         counter = ClampCounter()
-        ref_files = None
+        cand_files, ref_files, clamped = SegmentFiles(), SegmentFiles(), {}
         try:
-            fill(cand_sub, self.source, reader, self.limits, counter)
-            if counter.clamped and self.limits:
-                self._clamps(ref_sub, cand_sub, counter, reader)
-            cand_files = ModelFiles(cand_sub, prefix="workbench-segment-")
-            if self._links is None and any(t.data_location == TensorProto.EXTERNAL or tensor_nbytes(t) > KEEP_BYTES
-                                           for t in ref_sub.graph.initializer):
-                fill(ref_sub, self.source, reader, None, counter)
-                ref_files = ModelFiles(ref_sub, prefix="workbench-segment-")
+            fill(cand_sub, self.source, reader, cand_files, self.limits, counter, clamped)
+            if clamped:
+                self._clamps(ref_sub, cand_sub, clamped, reader)
+            clamped.clear()
+            fill(ref_sub, self.source, reader, ref_files)
         finally:
             reader.close()
-        del cand_sub
-        ref_model = ref_files.skeleton if ref_files else ref_sub
-        if ref_files or self._links:
-            register(ref_model, ref_files or self._links)
-        register(cand_files.skeleton, cand_files)
+        ref_model, cand_model = ref_files.skeleton, cand_files.skeleton
+        del ref_sub, cand_sub
+        register(ref_model, ref_files)
+        register(cand_model, cand_files)
         self._current = cand_files
         ctx.timing["weights_s"] = ctx.timing.get("weights_s", 0.0) + time.perf_counter() - t0
         record = {"index": seg.index, "nodes": [seg.start, seg.stop - 1], "enters": seg.enters,
@@ -541,11 +577,10 @@ class StreamPlan:
                 ref_chain[fi] = {seg.leaves: refs[fi][seg.leaves]} if seg.leaves else {}
             del refs
         finally:
-            unregister(ref_model, cand_files.skeleton)
+            unregister(ref_model, cand_model)
             self._current = None
             cand_files.close()
-            if ref_files is not None:
-                ref_files.close()
+            ref_files.close()
         self.segment_records.append(record)
 
     def _candidate(self, ctx, model, pairs, refs, cand_chain, out, record, cand_enters, cand_leaves, seg, outs,
@@ -587,18 +622,39 @@ class StreamPlan:
             record["received"] = out.full[end].metrics()
             record["introduced"] = alone[end].metrics() if cand_enters in sub_inputs else record["received"]
 
-    def _clamps(self, ref_sub, cand_sub, counter, reader) -> None:
-        """Clamp records of the constants this segment's conversion clamped (the original values read again)."""
-        from ..variants.clamps import find_clamps
+    def _clamps(self, ref_sub, cand_sub, clamped: dict, reader) -> None:
+        """Clamp records of the weights this segment's conversion clamped, as :func:`find_clamps` makes them,
+        computed on the only values the rule can change (beyond its limits) instead of whole tensors."""
+        from ..variants.clamps import _records
+        from ..variants.graph_names import node_names
 
-        original = onnx.ModelProto()
-        original.CopyFrom(ref_sub)
-        for t in original.graph.initializer:
-            if t.name in counter.names or t.data_location == TensorProto.EXTERNAL:
-                t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(reader.array(self.source[t.name])), t.name))
-        records = find_clamps(original, cand_sub, max_finite=self.limits[1], min_positive=self.limits[0],
-                              only=set(counter.names))
-        self.clamps.extend(r.to_json() for r in records)
+        lo, hi = self.limits
+        originals = set(node_names(ref_sub))
+        for name, converted in clamped.items():
+            a = reader.array(self.source[name]).reshape(-1)
+            absa = np.abs(a)
+            sel = np.flatnonzero((absa > hi) | ((absa < lo) & (a != 0)))
+            del absa
+            for r in _records(name, "initializer", a[sel].astype(np.float32), converted.reshape(-1)[sel], hi, lo,
+                              cand_sub, originals):
+                r.size, r.indices = int(a.size), [int(sel[i]) for i in r.indices]
+                self.clamps.append(r.to_json())
+            del a
+
+
+def _small_clamps(original: onnx.ModelProto, converted: onnx.ModelProto, limits) -> list:
+    """Clamp records of the constants the graph holds itself (weights are reported segment by segment)."""
+    from ..variants.clamps import find_clamps
+
+    def embedded(model: onnx.ModelProto) -> onnx.ModelProto:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        kept = [t for t in out.graph.initializer if not (is_stub(t) or t.data_location == TensorProto.EXTERNAL)]
+        del out.graph.initializer[:]
+        out.graph.initializer.extend(kept)
+        return out
+
+    return find_clamps(embedded(original), embedded(converted), max_finite=limits[1], min_positive=limits[0])
 
 
 def _fmt(value) -> str:
@@ -627,7 +683,7 @@ def _fp16_skeleton(skeleton: onnx.ModelProto, inferred: onnx.ModelProto, keep_fp
     for name in CONVERTERS:
         limits = DEFAULT_LIMITS[name]
         try:
-            converted, _ = convert_weight_free(name, skeleton, inferred, keep, limits)
+            converted, counter = convert_weight_free(name, skeleton, inferred, keep, limits)
         except Exception as e:  # noqa: BLE001 - converters raise anything
             skipped[name] = f"it raised {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}"
             continue
@@ -641,7 +697,7 @@ def _fp16_skeleton(skeleton: onnx.ModelProto, inferred: onnx.ModelProto, keep_fp
                    "skipped_converters": dict(skipped)}
         var = VariantResult(model=converted, variant="fp16", converter=name, tensor_map=map_tensors(skeleton,
                             converted), kept_fp32=list(keep), notes=notes, details=details)
-        return converted, var, limits
+        return converted, var, limits, counter.clamped > 0
     reasons = "; ".join(f"{CONVERTERS[n]}: {why}" for n, why in skipped.items())
     raise VariantError(f"no FP16 converter produced a model ONNX Runtime accepts ({reasons})",
                        "keep the failing nodes in float32 with --keep-fp32")
