@@ -6,6 +6,7 @@ are compared with rel 1e-4 (SQNR: 1e-3 dB) in case a sub-graph's optimisation or
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from workbench.cli import main
 from workbench.compare.api import compare
 from workbench.compare.stream import StreamPlan
 from workbench.compare.text import render
@@ -179,3 +181,20 @@ def test_streamed_equals_whole_model(encoder):
     assert doc["verdict"] == whole.to_json()["verdict"]
     text = render(streamed)
     assert streamed.culprits[0].node in text
+
+
+def test_cli_stream(encoder, tmp_path, capsys):
+    path, _ = encoder
+    out = tmp_path / "out.json"
+    assert main(["compare", str(path), "--stream", "on", "--segment-size", "40K", "--json", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["verdict"]["diverged"] and doc["culprits"][0]["node"].startswith(f"l{BAD_LAYER}_ffn_out")
+    assert any(n.startswith("streamed in 6 segment(s)") for n in doc["notes"])
+    # auto streams only past the memory budget; "on" where streaming cannot apply is one line, exit 2
+    assert main(["compare", str(path), "--memory-budget", "300K", "--segment-size", "40K", "--json", str(out)]) == 1
+    assert any(n.startswith("streamed in") for n in json.loads(out.read_text())["notes"])
+    assert main(["compare", str(path), "--mode", "bisect", "--json", str(out)]) in (0, 1)
+    assert not any(n.startswith("streamed in") for n in json.loads(out.read_text())["notes"])
+    capsys.readouterr()
+    assert main(["compare", str(path), "--stream", "on", "--mode", "bisect"]) == 2
+    assert "cannot stream this comparison" in capsys.readouterr().err
