@@ -67,11 +67,10 @@ out = session.run(None, dict(np.load(sys.argv[2])))
 print(out[0].shape, float(np.isfinite(out[0]).mean()))
 """
 
-CONVERT = (  # a model over protobuf's 2 GB limit is saved with external data, as its users must
+CONVERT = (  # a model in external data (over protobuf's 2 GB limit) is saved with external data, as its users must
     "import sys, onnx; from onnxruntime.transformers.float16 import convert_float_to_float16 as c; "
     "m = c(onnx.load(sys.argv[1]), keep_io_types=True); "
-    "big = sum(len(t.raw_data) for t in m.graph.initializer) > 2**31 - 2**26; "
-    "onnx.save(m, sys.argv[2], save_as_external_data=big, location='model_fp16.onnx.data')"
+    "onnx.save(m, sys.argv[2], save_as_external_data=sys.argv[3:] == ['external'], location='model_fp16.onnx.data')"
 )
 
 # The floor: argv = model, feed .npz. Typed outputs come from shape inference (the converter's keep_io_types casts
@@ -220,7 +219,7 @@ def run_ours(path: Path, shapes: list[str], work: Path, feed: Path | None = None
 
 
 def run_polygraphy(path: Path, shapes: list[str], work: Path, inputs_json: Path | None = None,
-                   timeout: float | None = None, cap_mib: float | None = None) -> dict:
+                   timeout: float | None = None, cap_mib: float | None = None, external: bool = False) -> dict:
     """The anchor's three steps. With ``inputs_json`` both runs --load-inputs it; otherwise the first run
     generates the inputs and saves them for the second. A step killed (over ``cap_mib`` or ``timeout``) ends the
     anchor: ``did_not_finish`` says where."""
@@ -228,7 +227,7 @@ def run_polygraphy(path: Path, shapes: list[str], work: Path, inputs_json: Path 
     inputs = ["--load-inputs", str(inputs_json)] if inputs_json else ["--save-inputs", "in.json"]
     fp16 = work / "model_fp16.onnx"
     argvs = [
-        ("convert", [sys.executable, "-c", CONVERT, str(path), str(fp16)]),
+        ("convert", [sys.executable, "-c", CONVERT, str(path), str(fp16), *(["external"] if external else [])]),
         ("run FP32", [str(BIN / "polygraphy"), "run", str(path), "--onnxrt", "--onnx-outputs", "mark", "all",
                       *shape_args, *inputs, "--save-results", "ref.json"]),
         ("run FP16", [str(BIN / "polygraphy"), "run", str(fp16), "--onnxrt", "--onnx-outputs", "mark", "all",
@@ -356,7 +355,7 @@ def bench_one(name: str, args: argparse.Namespace) -> dict:
             except RuntimeError as e:
                 row["floor"] = {"error": str(e)}
         if not args.ours_only:
-            row["polygraphy"] = run_polygraphy(path, spec["shapes"], work, inputs_json, args.timeout, cap)
+            row["polygraphy"] = run_polygraphy(path, spec["shapes"], work, inputs_json, args.timeout, cap, big)
     ours, anchor, floor = row["ours"], row.get("polygraphy"), row.get("floor")
     if "did_not_finish" in (anchor or {}):
         anchor = None
