@@ -67,10 +67,11 @@ out = session.run(None, dict(np.load(sys.argv[2])))
 print(out[0].shape, float(np.isfinite(out[0]).mean()))
 """
 
-CONVERT = (  # a model in external data (over protobuf's 2 GB limit) is saved with external data, as its users must
+CONVERT = (  # past protobuf's 2 GB, as its users must: no in-memory shape inference, saved with external data
     "import sys, onnx; from onnxruntime.transformers.float16 import convert_float_to_float16 as c; "
-    "m = c(onnx.load(sys.argv[1]), keep_io_types=True); "
-    "onnx.save(m, sys.argv[2], save_as_external_data=sys.argv[3:] == ['external'], location='model_fp16.onnx.data')"
+    "big = sys.argv[3:] == ['external']; "
+    "m = c(onnx.load(sys.argv[1]), keep_io_types=True, disable_shape_infer=big); "
+    "onnx.save(m, sys.argv[2], save_as_external_data=big, location='model_fp16.onnx.data')"
 )
 
 # The floor: argv = model, feed .npz. Typed outputs come from shape inference (the converter's keep_io_types casts

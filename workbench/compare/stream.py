@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -416,7 +417,7 @@ class StreamPlan:
     def cand_engine(self):
         return self._engine("candidate", self.cand_spec)
 
-    @property
+    @cached_property
     def pair_by_tensor(self) -> dict:
         return {p.tensor: p for p in self.pairs}
 
