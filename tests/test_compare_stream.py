@@ -186,7 +186,9 @@ def test_streamed_equals_whole_model(encoder):
 def test_cli_stream(encoder, tmp_path, capsys):
     path, _ = encoder
     out = tmp_path / "out.json"
-    assert main(["compare", str(path), "--stream", "on", "--segment-size", "40K", "--json", str(out)]) == 1
+    bundle = tmp_path / "bundle"
+    assert main(["compare", str(path), "--stream", "on", "--segment-size", "40K", "--json", str(out),
+                 "--bundle", str(bundle)]) == 1
     doc = json.loads(out.read_text())
     assert doc["verdict"]["diverged"] and doc["culprits"][0]["node"].startswith(f"l{BAD_LAYER}_ffn_out")
     assert any(n.startswith("streamed in 6 segment(s)") for n in doc["notes"])
@@ -196,5 +198,7 @@ def test_cli_stream(encoder, tmp_path, capsys):
     assert main(["compare", str(path), "--mode", "bisect", "--json", str(out)]) in (0, 1)
     assert not any(n.startswith("streamed in") for n in json.loads(out.read_text())["notes"])
     capsys.readouterr()
+    main(["rerun", str(bundle)])  # the bundle's own model file, streamed again: the same results
+    assert "per-tensor sqnr_db: no change" in capsys.readouterr().out
     assert main(["compare", str(path), "--stream", "on", "--mode", "bisect"]) == 2
     assert "cannot stream this comparison" in capsys.readouterr().err

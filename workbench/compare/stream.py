@@ -70,12 +70,20 @@ def model_bytes(path: Path) -> int:
         return 0
 
 
+def model_path(model: Any) -> Path | None:
+    """The file a model comes from: a path, or a loaded model's own file (a bundle's, on rerun); else None."""
+    if isinstance(model, (str, os.PathLike)):
+        return Path(model)
+    path = getattr(model, "path", None)
+    return path if isinstance(path, Path) and getattr(model, "source", None) == "path" else None
+
+
 def unsupported(model: Any, reference: str | EngineSpec, candidate: str | EngineSpec, cand_model: Any,
                 opts: CompareOptions) -> str | None:
     """Why this comparison cannot be streamed (None: it can)."""
     from ..engines.registry import class_for
 
-    if not isinstance(model, (str, os.PathLike)):
+    if model_path(model) is None:
         return "the model is not given as a file path"
     if cand_model is not None:
         return "--cand-model is given (the candidate's own file is compared whole)"
@@ -108,7 +116,7 @@ def should_stream(model: Any, reference, candidate, cand_model, opts: CompareOpt
         return True
     if why:
         return False
-    path = Path(model)
+    path = model_path(model)
     return path.is_file() and model_bytes(path) > parse_size(opts.memory_budget)
 
 
@@ -323,7 +331,7 @@ class StreamPlan:
         self.ref_spec, self.cand_spec = EngineSpec.parse(reference), EngineSpec.parse(candidate)
         self.timing: dict[str, float] = {}
         self.model_source, self.cand_source, self.module = model, None, None
-        path = Path(model).expanduser().absolute()
+        path = model_path(model).expanduser().absolute()
         data = _read_model_file(path)
         skeleton = onnx.ModelProto()
         skeleton.ParseFromString(data)
