@@ -536,6 +536,10 @@ class StreamPlan:
                 self._clamps(ref_sub, cand_sub, clamped, reader)
             clamped.clear()
             fill(ref_sub, self.source, reader, ref_files)
+        except BaseException:
+            cand_files.close()
+            ref_files.close()
+            raise
         finally:
             reader.close()
         ref_model, cand_model = ref_files.skeleton, cand_files.skeleton
