@@ -144,7 +144,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         keep_fp32=args.keep_fp32 or (), calibration_feeds=args.calib, culprits=not args.no_culprits,
         isolate={"auto": None, "yes": True, "no": False}[args.isolate], timeout_s=args.timeout,
         impact=args.impact, fail_on_internal_dips=args.fail_on_internal_dips, granularity=args.granularity,
-        progress=_progress_logger() if args.verbose else None,
+        stream=args.stream, segment_size=args.segment_size, progress=_progress_logger() if args.verbose else None,
     )
     if args.json:
         _write_json(result.to_json(), args.json)
@@ -555,6 +555,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker timeout in seconds (isolated engines), above 0, at most a week")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
                    help="write the workbench.compare/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--stream", choices=["auto", "on", "off"], default="auto", help="compare segment by segment "
+                   "(cut at single-tensor frontiers, weights memory-mapped one segment at a time): peak memory follows "
+                   "the largest segment; auto: when the model's files exceed --memory-budget")
+    p.add_argument("--segment-size", type=_size, metavar="SIZE", help="most weights per streamed segment "
+                   "(default: an eighth of the memory budget)")
     p.add_argument("--report", type=FILE_OUT, metavar="OUT.html",
                    help="write a self-contained HTML report (plots work offline)")
     p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",

@@ -43,7 +43,10 @@ def compare(
     tensors matched by name; its precision is read from the file). ``options``: a :class:`CompareOptions` (or
     its fields as keywords: ``mode``, ``criterion``, ``memory_budget``, ``seed``, ``feed_count``,
     ``input_shapes``, ``val_ranges``, ``keep_fp32``, ``calibration_feeds``, ``culprits``, ``max_culprits``,
-    ``impact``, ``fail_on_internal_dips``, ``isolate``, ``timeout_s``, ``engine_options``, ...).
+    ``impact``, ``fail_on_internal_dips``, ``isolate``, ``timeout_s``, ``engine_options``, ``stream``, ...).
+    ``stream``: "auto" (default; when the model file's weights exceed the memory budget), "on" or "off": compare
+    segment by segment, never holding the model (:mod:`workbench.compare.stream`; ``segment_size`` caps the weights
+    of one segment).
 
     The verdict is about the outputs: ``result.diverged`` when a graph output fails the criterion (default: that
     of the lossier side's inferred precision) beyond its precision floor, or holds inf/NaN the reference does not.
@@ -54,8 +57,15 @@ def compare(
     ``reference_engine``/``candidate_engine``: an :class:`Engine` instance used instead of the one the spec names
     (the spec still picks the variant), e.g. a recorded Polygraphy run (:mod:`workbench.report.recorded`).
     """
-    plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, options=options,
+    opts = CompareOptions.build(options, **option_overrides)
+    if reference_engine is None and candidate_engine is None and example_inputs is None:
+        from .stream import StreamPlan, should_stream
+
+        if should_stream(model, reference, candidate, cand_model, opts):
+            return StreamPlan(model, reference, candidate, feeds=feeds, options=opts).run(progress=progress,
+                                                                                            cancel=cancel)
+    plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, options=opts,
                           example_inputs=example_inputs, reference_engine=reference_engine,
-                          candidate_engine=candidate_engine, **option_overrides)
+                          candidate_engine=candidate_engine)
     plan.release_weights()  # sessions map the weights written once; the result's plan keeps only skeletons
     return plan.run(progress=progress, cancel=cancel)

@@ -43,11 +43,15 @@ class CompareOptions:
     timeout_s: float | None = None
     engine_options: dict[str, dict] = field(default_factory=dict)
     granularity: str = "all"
+    stream: str = "auto"  # "auto" | "on" | "off": segment streaming (workbench.compare.stream)
+    segment_size: str | int | None = None  # most weights per streamed segment (default: an eighth of the budget)
     calibration_feeds: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise WorkbenchError(f"unknown mode {self.mode!r}", f"use one of {', '.join(MODES)}")
+        if self.stream not in ("auto", "on", "off"):
+            raise WorkbenchError(f"unknown stream setting {self.stream!r}", "use auto, on or off")
         if self.granularity not in GRANULARITIES:
             raise WorkbenchError(f"unknown granularity {self.granularity!r}", f"use one of {', '.join(GRANULARITIES)}")
         for name, lo in (("feed_count", 1), ("max_culprits", 0), ("impact", 0)):

@@ -25,7 +25,9 @@ def run_plan(plan, steps: Steps) -> CompareResult:
                                                     else "bisect")
     notes = list(plan.notes)
     ctx = Context(plan=plan, floors=Floors(formats=plan.formats), step=steps.span(0.0, 0.85), notes=notes)
-    measured = run_all(ctx) if chosen == "all" else run_bisect(ctx, plan.ref_graph.outputs)
+    streamed = getattr(plan, "measure", None)  # a segment-streamed plan (workbench.compare.stream)
+    measured = streamed(ctx) if streamed else run_all(ctx) if chosen == "all" else \
+        run_bisect(ctx, plan.ref_graph.outputs)
     timing.update(ctx.timing)
     timing["layerwise_s"] = time.perf_counter() - t0
     crit = plan.criterion

@@ -103,6 +103,16 @@ def _convert(name: str, original: onnx.ModelProto, typed: onnx.ModelProto, keep:
     become float16 and where Casts go, and changes only the type of a tensor without data. The weights are then
     filled in from ``original`` one tensor at a time, by the converters' own rule (:mod:`.fp16_fast`), so the
     float32 model is never copied and the float16 one is built once."""
+    out, counter = convert_weight_free(name, original, typed, keep, limits)
+    fill_weights(out, original, limits, counter)
+    return out, counter
+
+
+def convert_weight_free(name: str, original: onnx.ModelProto, typed: onnx.ModelProto, keep: list[str],
+                        limits: tuple[float, float]) -> tuple[onnx.ModelProto, ClampCounter]:
+    """The converter ``name``'s decisions on a weight-free copy of ``original`` (tensors over a few KB are stubs
+    whose type it changes, external-data references too), nodes sorted: :func:`_convert` without the weights (a
+    segment-streamed comparison fills them one segment at a time)."""
     import importlib
 
     work = strip_weights(original)
@@ -119,7 +129,6 @@ def _convert(name: str, original: onnx.ModelProto, typed: onnx.ModelProto, keep:
     for w in caught:
         log.debug("%s: %s", CONVERTERS[name], w.message)
     sort_nodes(out)  # the converters append Casts out of order; checkers and evaluators want topological order
-    fill_weights(out, original, limits, counter)
     return out, counter
 
 
