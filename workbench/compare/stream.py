@@ -211,6 +211,8 @@ class SegmentFiles:
         self._location = WEIGHTS
         self._count = 0
         self.skeleton: onnx.ModelProto | None = None
+        self.data_dir: str | None = None  # graph files are written beside weights.bin: nothing to tell the runtime
+        self.mapped = False  # no weight is left in the user's files
 
     def put(self, t: TensorProto, data: np.ndarray) -> None:
         """Write ``data`` and make ``t`` (same name and dims; type from ``data``) a reference to it, in place."""

@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..model.mapped import tensor_array
 from .graph import NARROW, PREFIX, GraphIndex, Names, constant_tensor, prune, use_counts
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Rewrite:
 
 
 def _array(t: TensorProto) -> np.ndarray:
-    return numpy_helper.to_array(t).astype(np.float64)
+    return tensor_array(t).astype(np.float64)  # a weight left in its file (a big model) is read mapped
 
 
 def _fits(values: np.ndarray, dtype) -> bool:
