@@ -6,7 +6,8 @@ visited at each width and theme, and:
   output area do not scroll sideways (what is designed to scroll, a table's own box or the graph's side pane, may
   hold wider content: what sits inside a box that clips or scrolls is left to that box);
 - no numeric table cell wraps (its text is on one line);
-- no label, heading, button or tab title is cut (its text fits its box: ``scrollWidth <= clientWidth``).
+- no label, heading, button or tab title is cut (its text fits its box: ``scrollWidth <= clientWidth``);
+- no plot is squeezed (each is > 200 x 150 px, as test_browser_structure.py asks at 1400 px).
 
 Screenshots of each tab (``TAB-WIDTH-THEME.png``) go to ``$WORKBENCH_ARTIFACTS/browser-layout`` (or a temporary
 folder)."""
@@ -109,9 +110,10 @@ def test_the_layout_holds_from_760_to_1920_px_in_both_themes(lab_page, artifacts
                 wb.evaluate("w => w.scrollIntoView({block: 'start'})")
                 B.H.screenshot(page, artifacts, f"{_key(title)}-{width}-{theme}")
                 got = wb.evaluate("w => wbLayout(w)")
+                got["small plots (w, h)"] = wb.evaluate("w => wbStructure(w, []).small")  # squeezed by the layout
                 numbers += got["numbers"]
                 problems += [f"{title} {width}px {theme}: {kind}: {got[kind]}"
-                             for kind in ("overflow", "wrapped", "cut") if got[kind]]
+                             for kind in ("overflow", "wrapped", "cut", "small plots (w, h)") if got[kind]]
     assert numbers, "no numeric table cell was seen: the wrap check checked nothing"
     assert not problems, "\n".join(problems)
     assert not errors, errors
