@@ -9,10 +9,17 @@ visited at each width and theme, and:
 - no label, heading, button or tab title is cut (its text fits its box: ``scrollWidth <= clientWidth``);
 - no plot is squeezed (each is > 200 x 150 px, as test_browser_structure.py asks at 1400 px).
 
-Screenshots of each tab (``TAB-WIDTH-THEME.png``) go to ``$WORKBENCH_ARTIFACTS/browser-layout`` (or a temporary
-folder)."""
+- no plot is clipped or left at another width than its box's (a figure drawn while its tab was hidden gets plotly's
+  default 700 px width unless it is resized when the tab is revealed).
+
+The culprit is clicked first, so Errors shows the selected layer's plots too. A screenshot of every tab at each
+width and theme (``TAB-WIDTH-THEME.png``, e.g. ``errors-760-dark.png``) goes to ``$WORKBENCH_SCREENSHOT_DIR`` (else
+``$WORKBENCH_ARTIFACTS/browser-layout``, else a temporary folder); the test prints their list."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import browser_support as B
 import pytest
@@ -63,8 +70,21 @@ window.wbLayout = (out) => {
   const cut = labels.filter(e => e.scrollWidth > e.clientWidth)
     .map(e => `${name(e)} ${e.scrollWidth}>${e.clientWidth}`);
   const numbers = [...box.querySelectorAll('td')].filter(shown).filter(td => NUMBER.test(td.textContent.trim()));
+  // a plot drawn wider than the box it sits in (drawn while hidden at plotly's default 700 px, never resized):
+  // its right part is clipped by that box or the panel, wherever the clipping happens
+  const plots = [...box.querySelectorAll('.js-plotly-plot')].filter(shown);
+  const clipped = plots.map(p => { const svg = p.querySelector('svg.main-svg'); if (!svg) return null;
+      const drawn = svg.getBoundingClientRect();
+      let room = right;
+      for (let a = p.parentElement; a && a !== out.parentElement; a = a.parentElement)
+        room = Math.min(room, a.getBoundingClientRect().left + a.clientWidth);
+      if (drawn.right > room + 1) return `${name(p)} drawn ${Math.round(drawn.width)} px wide, ends `
+        + `${Math.round(drawn.right - room)} px past its box`;
+      // drawn at another width than its box's (plotly's default 700 px, never resized): not fitted
+      return Math.abs(drawn.width - p.clientWidth) > 2 ? `${name(p)} drawn ${Math.round(drawn.width)} px wide in `
+        + `a ${p.clientWidth} px box` : null; }).filter(Boolean);
   return {overflow: overflow.slice(0, 12), wrapped: wrapped.slice(0, 12), cut: cut.slice(0, 12),
-          numbers: numbers.length};
+          clipped: clipped.slice(0, 12), numbers: numbers.length, plots: plots.length};
 };
 })();
 """
@@ -82,6 +102,12 @@ def _settle(page, wb) -> None:
     page.wait_for_timeout(400)  # plotly and the tab bar reflow after a resize or a tab switch
 
 
+def _screenshot_dir(artifacts: Path) -> Path:
+    folder = Path(os.environ.get("WORKBENCH_SCREENSHOT_DIR") or artifacts)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def test_the_layout_holds_from_760_to_1920_px_in_both_themes(lab_page, artifacts):
     lab, page, errors = lab_page
     name = lab.write_notebook("layout.ipynb", [CELL])
@@ -92,10 +118,13 @@ def test_the_layout_holds_from_760_to_1920_px_in_both_themes(lab_page, artifacts
     _open_tab(wb, "Compare")
     wb.locator("button", has_text="Run").first.click()
     wb.locator("button", has_text=f"#1 {CULPRIT}").wait_for(timeout=180_000)
+    wb.locator("button", has_text=f"#1 {CULPRIT}").click()  # Errors: the culprit's layer and its plots
+    wb.locator(".lm-TabBar-tab.lm-mod-current", has_text="Errors").wait_for()
     tabs = [t.strip() for t in wb.locator(".lm-TabBar").first.locator(".lm-TabBar-tab").all_inner_texts()]
     assert len(tabs) >= 8 and {"Model", "Compare", "Errors", "Graph"} <= set(tabs), tabs
 
-    problems, numbers = [], 0
+    shots = _screenshot_dir(artifacts)
+    problems, numbers, plots, taken = [], 0, 0, []
     for theme in ("light", "dark"):
         if theme == "dark":
             B.dark_theme(page)
@@ -108,12 +137,17 @@ def test_the_layout_holds_from_760_to_1920_px_in_both_themes(lab_page, artifacts
                 _open_tab(wb, title)
                 _settle(page, wb)
                 wb.evaluate("w => w.scrollIntoView({block: 'start'})")
-                B.H.screenshot(page, artifacts, f"{_key(title)}-{width}-{theme}")
+                taken.append(shots / f"{_key(title)}-{width}-{theme}.png")
+                page.screenshot(path=str(taken[-1]))
                 got = wb.evaluate("w => wbLayout(w)")
                 got["small plots (w, h)"] = wb.evaluate("w => wbStructure(w, []).small")  # squeezed by the layout
                 numbers += got["numbers"]
+                plots += got["plots"]
                 problems += [f"{title} {width}px {theme}: {kind}: {got[kind]}"
-                             for kind in ("overflow", "wrapped", "cut", "small plots (w, h)") if got[kind]]
+                             for kind in ("overflow", "wrapped", "cut", "clipped", "small plots (w, h)") if got[kind]]
+    print(f"\n{len(taken)} screenshots in {shots}:\n" + "\n".join(f"  {p.name}" for p in taken))
+    assert len(taken) == 2 * len(WIDTHS) * len(tabs) and all(p.stat().st_size for p in taken)
     assert numbers, "no numeric table cell was seen: the wrap check checked nothing"
+    assert plots, "no plot was seen: the clipped-plot check checked nothing"
     assert not problems, "\n".join(problems)
     assert not errors, errors

@@ -16,6 +16,7 @@ from .errors_panel import ErrorsPanel
 from .graph_panel import GraphPanel
 from .messages import error_html, fallback_repr
 from .model_panel import ModelPanel
+from .plot_fit import PlotFit
 from .repair_panel import RepairPanel
 from .reveal import RevealAnchor
 from .state import WorkbenchState
@@ -79,7 +80,8 @@ class Workbench(widgets.VBox):
             self._panels[key] = self._build(key)
             index = list(PANELS).index(key)
             self._anchors[key] = RevealAnchor()
-            self.tabs.children[index].children = (self._anchors[key], self._panels[key])
+            # the fitter last: a figure drawn while its tab was hidden gets the tab's width when it is revealed
+            self.tabs.children[index].children = (self._anchors[key], self._panels[key], PlotFit())
             self._connect(key)
         return self._panels[key]
 
