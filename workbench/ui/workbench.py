@@ -19,6 +19,7 @@ from .model_panel import ModelPanel
 from .plot_fit import PlotFit
 from .repair_panel import RepairPanel
 from .reveal import RevealAnchor
+from .saved_runs import SavedRunsBox
 from .state import WorkbenchState
 from .style import style_tag
 
@@ -59,7 +60,8 @@ class Workbench(widgets.VBox):
             self.state.output_dir = str(output_dir)
         self.state.observe(self._on_show, "show")
         self.state.observe(lambda _: self._title(), "model")
-        super().__init__([style_tag(), self.header, self.tabs])
+        self.saved_runs = SavedRunsBox(self)  # the runs of this model saved by earlier sessions: Reopen
+        super().__init__([style_tag(), self.header, self.saved_runs, self.tabs])
         self.add_class("wb-root")
         self._title()
         self.panel("model")
@@ -122,6 +124,11 @@ class Workbench(widgets.VBox):
         panel = self.panel(key)
         self.tabs.selected_index = list(PANELS).index(key)
         return panel
+
+    def reopen(self, saved: Any = None):
+        """Reopen a saved run (a :class:`~workbench.ui.run_store.SavedRun`, else the one chosen in the saved-runs
+        picker): it becomes run #N of its kind, shown by every view. Returns the run (None: why is shown)."""
+        return self.saved_runs.reopen(saved)
 
     def _on_tab(self, change: dict) -> None:
         index = change["new"]
