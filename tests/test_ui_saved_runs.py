@@ -49,6 +49,7 @@ def test_a_comparison_is_saved_and_reopened_after_a_restart_in_every_view(runs):
     assert run_store.wait_saved(60)
     [entry] = [p for p in runs.iterdir()]
     assert (entry / "run.json").is_file() and (entry / "bundle" / "manifest.json").is_file()
+    assert list((entry / "bundle").glob("model/*.onnx"))  # a small model is copied into the bundle
     assert not [p for p in runs.iterdir() if p.name.endswith(".tmp")]  # built aside, renamed into place
     assert wb.saved_runs.saved and wb.saved_runs.saved[0].path == entry  # the live Workbench lists it at once
 
@@ -89,6 +90,16 @@ def test_only_the_newest_runs_are_kept(runs, monkeypatch):
     monkeypatch.setenv(run_store.KEEP_ENV, "0")  # saving off
     assert wb.compare_panel.run() is not None and wb.compare_panel.wait(120) and run_store.wait_saved(60)
     assert [r.run_id for r in run_store.saved_runs()] == [3, 2]
+
+
+def test_a_large_model_is_referenced_not_copied(runs, monkeypatch):
+    monkeypatch.setenv(run_store.COPY_ENV, "0.001")  # 1 kB: the sample is over it
+    wb = Workbench(CLAMP)
+    assert wb.compare_panel.run() is not None and wb.compare_panel.wait(120) and run_store.wait_saved(60)
+    [saved] = run_store.saved_runs()
+    assert not list(saved.bundle.glob("model/*.onnx"))  # the bundle names the model by path and sha256
+    fresh = Workbench(CLAMP)
+    assert fresh.reopen(saved) is not None and _metrics(fresh.state.result) == _metrics(wb.state.result)
 
 
 def test_other_models_runs_are_not_listed_and_a_damaged_bundle_is_a_message(runs):

@@ -6,7 +6,9 @@ The folder is ``$WORKBENCH_RUNS_DIR``, else ``onnx-drift-workbench/runs`` in the
 (``$XDG_CACHE_HOME`` or ``~/.cache``; ``%LOCALAPPDATA%`` on Windows, ``~/Library/Caches`` on macOS), never the
 working directory. Each run is a folder ``STAMP-KIND-ID/`` holding ``run.json`` (what it was: kind, label, the
 model's sha256, when) and ``bundle/``; it is built under a temporary name and renamed into place, so a reader never
-sees half a run. Only the newest ``$WORKBENCH_RUNS_KEEP`` (default 10) are kept; 0 turns saving off.
+sees half a run. Only the newest ``$WORKBENCH_RUNS_KEEP`` (default 10) are kept; 0 turns saving off. A model over
+``$WORKBENCH_RUNS_COPY_MB`` (default 200 MB) is not copied into each bundle: comparisons and calibrations keep its
+path and sha256 (reopening needs no model), dataset and repair runs of it are not saved.
 
 Saving runs on a worker thread (a bundle copies the model and the feeds); :func:`wait_saved` waits for it."""
 
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 RUNS_ENV = "WORKBENCH_RUNS_DIR"
 KEEP_ENV = "WORKBENCH_RUNS_KEEP"
 KEEP = 10
+COPY_ENV = "WORKBENCH_RUNS_COPY_MB"
+COPY_MB = 200
 SCHEMA = "workbench.saved_run/1"
 INDEX = "run.json"
 BUNDLE = "bundle"
@@ -61,6 +65,24 @@ def keep_count() -> int:
         return max(0, int(os.environ.get(KEEP_ENV, KEEP)))
     except ValueError:
         return KEEP
+
+
+def copy_limit() -> int:
+    """The largest model (bytes) copied into a saved run's bundle (``$WORKBENCH_RUNS_COPY_MB``, default 200)."""
+    try:
+        return int(float(os.environ.get(COPY_ENV, COPY_MB)) * 1e6)
+    except ValueError:
+        return COPY_MB * 1_000_000
+
+
+def model_bytes(model: Any) -> int:
+    """The size of ``model``'s files (its .onnx and external data), else of its proto."""
+    path = getattr(model, "path", None)
+    if path is not None and Path(path).is_file():
+        files = [Path(path), *(getattr(model, "external_files", None) or [])]
+        return sum(Path(f).stat().st_size for f in files if Path(f).is_file())
+    proto = getattr(model, "proto", None)
+    return proto.ByteSize() if proto is not None else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,16 +124,20 @@ def summary_of(kind: str, value: Any) -> str:
 
 
 # --- saving -----------------------------------------------------------------------------------------------------
-def write_bundle(kind: str, value: Any, dest: Path) -> Path:
-    """Save ``value`` (a run's result of ``kind``) as the bundle ``dest`` with the API of its kind."""
+def write_bundle(kind: str, value: Any, dest: Path, copy_model: bool = True) -> Path:
+    """Save ``value`` (a run's result of ``kind``) as the bundle ``dest`` with the API of its kind (``copy_model``
+    False: a comparison or calibration bundle keeps the model's path and sha256 only)."""
     if kind == "comparison":
         from ..report.bundle import save_bundle
 
-        return save_bundle(value, dest=dest)
+        return save_bundle(value, dest=dest, copy_model=copy_model)
     if kind == "calibration":
         from ..calibrate.bundle import save_calibration_bundle
 
-        return save_calibration_bundle(value, dest)
+        return save_calibration_bundle(value, dest, copy_model=copy_model)
+    if not copy_model:
+        raise ValueError(f"the model is over {copy_limit() / 1e6:g} MB (${COPY_ENV}): a {kind} run of it is not "
+                         "saved (its bundle would copy it)")
     if kind == "dataset":
         from ..dataset.bundle import save_dataset_bundle
 
@@ -131,7 +157,7 @@ def save_run(run: Any, model: Any, folder: Path | None = None) -> Path:
     name = f"{stamp}-{run.kind}-{uuid.uuid4().hex[:8]}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder))
     try:
-        write_bundle(run.kind, run.result, tmp / BUNDLE)
+        write_bundle(run.kind, run.result, tmp / BUNDLE, copy_model=model_bytes(model) <= copy_limit())
         doc = {"schema": SCHEMA, "kind": run.kind, "label": run.label, "run_id": run.id,
                "model": {"sha256": getattr(model, "fingerprint", ""), "name": getattr(model, "name", "")},
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)),
