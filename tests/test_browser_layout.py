@@ -1,5 +1,5 @@
 """Issue 22 defect 16 in a real browser (JupyterLab + headless Chromium): the workbench's layout holds from a 760 px
-to a 1920 px wide window, in the light and the dark theme. On the sample model, after one Compare run, every tab is
+to a 1920 px wide window, in the light and the dark theme. On the sample model, after a Compare run, every tab is
 visited at each width and theme, and:
 
 - nothing of the workbench reaches past its output area's right edge, and the panel roots (``.wb-root``) and the
@@ -7,14 +7,15 @@ visited at each width and theme, and:
   hold wider content: what sits inside a box that clips or scrolls is left to that box);
 - no numeric table cell wraps (its text is on one line);
 - no label, heading, button or tab title is cut (its text fits its box: ``scrollWidth <= clientWidth``);
-- no plot is squeezed (each is > 200 x 150 px, as test_browser_structure.py asks at 1400 px).
-
+- no plot is squeezed (each is > 200 x 150 px, as test_browser_structure.py asks at 1400 px);
 - no plot is clipped or left at another width than its box's (a figure drawn while its tab was hidden gets plotly's
   default 700 px width unless it is resized when the tab is revealed).
 
-The culprit is clicked first, so Errors shows the selected layer's plots too. A screenshot of every tab at each
-width and theme (``TAB-WIDTH-THEME.png``, e.g. ``errors-760-dark.png``) goes to ``$WORKBENCH_SCREENSHOT_DIR`` (else
-``$WORKBENCH_ARTIFACTS/browser-layout``, else a temporary folder); the test prints their list."""
+The culprit is clicked first, so Errors shows the selected layer's plots too, and a calibration, a repair and an
+engine inspection are run (in the kernel, while their tabs are hidden), so those tabs show results as well. A
+screenshot of every tab at each width and theme (``TAB-WIDTH-THEME.png``, e.g. ``errors-760-dark.png``) goes to
+``$WORKBENCH_SCREENSHOT_DIR`` (else ``$WORKBENCH_ARTIFACTS/browser-layout``, else a temporary folder); the test
+prints their list."""
 
 from __future__ import annotations
 
@@ -88,6 +89,13 @@ window.wbLayout = (out) => {
 };
 })();
 """
+#: results in the Calibration, Repair and Engine tabs too (run in the kernel, while those tabs are hidden)
+RUNS = ("cal, rep, eng = wb.calibration_panel, wb.repair_panel, wb.engine_panel\n"
+        "cal.data_count.value, cal.eval_count.value, rep.max_builds.value = 2, 2, 4\n"
+        "for panel in (cal, rep):\n    panel.run()\n"
+        "    assert panel.wait(180) and panel.jobs.error is None, panel.jobs.status.value\n"
+        'eng.engine.value = "ort"\neng.inspect()\nassert eng.wait(180) and eng.jobs.error is None\n'
+        'print("panels ready")')
 #: true once the shown tab has no plot or graph left to draw
 DRAWN_JS = "w => !wbStructure(w, []).pending && !wbStructure(w, []).small.length"
 
@@ -102,6 +110,16 @@ def _settle(page, wb) -> None:
     page.wait_for_timeout(400)  # plotly and the tab bar reflow after a resize or a tab switch
 
 
+def _shoot(page, wb, path: Path, width: int) -> None:
+    """A screenshot of the whole workbench (the window made as tall as it, up to 6,000 px, then 1,000 px again)."""
+    tall = wb.evaluate("w => Math.ceil(w.getBoundingClientRect().height)") + 150
+    page.set_viewport_size({"width": width, "height": min(max(1000, tall), 6000)})
+    wb.evaluate("w => w.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(200)  # JupyterLab lays the taller window out
+    wb.screenshot(path=str(path))
+    page.set_viewport_size({"width": width, "height": 1000})
+
+
 def _screenshot_dir(artifacts: Path) -> Path:
     folder = Path(os.environ.get("WORKBENCH_SCREENSHOT_DIR") or artifacts)
     folder.mkdir(parents=True, exist_ok=True)
@@ -110,7 +128,7 @@ def _screenshot_dir(artifacts: Path) -> Path:
 
 def test_the_layout_holds_from_760_to_1920_px_in_both_themes(lab_page, artifacts):
     lab, page, errors = lab_page
-    name = lab.write_notebook("layout.ipynb", [CELL])
+    name = lab.write_notebook("layout.ipynb", [CELL, RUNS])
     B.H.open_notebook(page, lab, name)
     B.H.run_cell(page, 0, wait=True)
     wb = _workbench(page)
@@ -120,6 +138,9 @@ def test_the_layout_holds_from_760_to_1920_px_in_both_themes(lab_page, artifacts
     wb.locator("button", has_text=f"#1 {CULPRIT}").wait_for(timeout=180_000)
     wb.locator("button", has_text=f"#1 {CULPRIT}").click()  # Errors: the culprit's layer and its plots
     wb.locator(".lm-TabBar-tab.lm-mod-current", has_text="Errors").wait_for()
+    B.H.run_cell(page, 1, wait=True)  # Calibration, Repair and Engine results, drawn while their tabs are hidden
+    out = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(1).locator(".jp-OutputArea")
+    out.get_by_text("panels ready").wait_for(timeout=300_000)
     tabs = [t.strip() for t in wb.locator(".lm-TabBar").first.locator(".lm-TabBar-tab").all_inner_texts()]
     assert len(tabs) >= 8 and {"Model", "Compare", "Errors", "Graph"} <= set(tabs), tabs
 
@@ -137,10 +158,10 @@ def test_the_layout_holds_from_760_to_1920_px_in_both_themes(lab_page, artifacts
                 _open_tab(wb, title)
                 _settle(page, wb)
                 wb.evaluate("w => w.scrollIntoView({block: 'start'})")
-                taken.append(shots / f"{_key(title)}-{width}-{theme}.png")
-                page.screenshot(path=str(taken[-1]))
                 got = wb.evaluate("w => wbLayout(w)")
                 got["small plots (w, h)"] = wb.evaluate("w => wbStructure(w, []).small")  # squeezed by the layout
+                taken.append(shots / f"{_key(title)}-{width}-{theme}.png")
+                _shoot(page, wb, taken[-1], width)
                 numbers += got["numbers"]
                 plots += got["plots"]
                 problems += [f"{title} {width}px {theme}: {kind}: {got[kind]}"
