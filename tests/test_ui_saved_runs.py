@@ -64,8 +64,8 @@ def test_a_comparison_is_saved_and_reopened_after_a_restart_in_every_view(runs):
     assert _metrics(result) == _metrics(original) and result.diverged == original.diverged
     assert [c.node for c in result.culprits] == [c.node for c in original.culprits]
     run = fresh.state.current_run("comparison")
-    assert run.result is result and run.label.startswith(f"reopened from {entry.name}")
-    assert f"{run.tag}, reopened from {entry.name}" in fresh.saved_runs.note.value
+    assert run.result is result and run.label == saved.label and run.tag == f"run #1, reopened from {entry.name}"
+    assert run.tag in fresh.saved_runs.note.value
     # every view derives from it
     assert f"{run.tag}:" in fresh.errors_panel.message.value and fresh.errors_panel.curve_shown
     assert run.tag in fresh.compare_panel.summary.value
@@ -73,7 +73,7 @@ def test_a_comparison_is_saved_and_reopened_after_a_restart_in_every_view(runs):
                for b in getattr(row, "children", ()) if hasattr(b, "description"))
     fresh.graph_panel.select(CULPRIT)
     t = next(t for t in original.tensors if t.node == CULPRIT)
-    assert f"from comparison run #{run.id}" in fresh.graph_panel.info.value
+    assert f"from comparison {run.tag}" in fresh.graph_panel.info.value
     assert f"{t.metrics['sqnr_db']:.4g}" in fresh.graph_panel.info.value
     fresh.errors_panel.select(CULPRIT)  # the layer values rerun both engines on the bundle's own feeds
     assert fresh.errors_panel.wait(120) and fresh.errors_panel.values_plot.outputs
@@ -143,7 +143,7 @@ def test_calibration_dataset_and_repair_runs_are_reopened(runs, tmp_path):
     for kind in ("calibration", "dataset", "repair"):
         run = fresh.reopen(kinds[kind])
         assert run is not None, fresh.saved_runs.note.value
-        assert f"{run.tag}, reopened from {kinds[kind].path.name}" in fresh.saved_runs.note.value
+        assert f"run #{run.id}, reopened from {kinds[kind].path.name}" in fresh.saved_runs.note.value
         assert fresh.state.current_run(kind) is run
     report, original = fresh.state.calibration, originals["calibration"]
     assert report.to_json() == original.to_json()

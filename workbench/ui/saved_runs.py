@@ -72,17 +72,16 @@ class SavedRunsBox(widgets.VBox):
         except Exception as e:  # noqa: BLE001 - a damaged or foreign bundle is a message
             self.note.value = error_html(e, f"reopening {saved.path.name}")
             return None
-        self.note.value = message_html(f"{run.tag}, reopened from {saved.path.name} ({saved.describe()})", "ok")
+        self.note.value = message_html(f"{run.tag} ({saved.describe()})", "ok")
         return run
 
 
 def reopen(workbench: Any, saved: run_store.SavedRun) -> Run:
-    """Load ``saved`` into ``workbench``'s run state as a finished run labelled ``reopened from BUNDLE``: the
-    current comparison (Compare, Errors, Graph), calibration, repair or dataset run."""
+    """Load ``saved`` into ``workbench``'s run state as a finished run ``run #N, reopened from BUNDLE`` (its tag,
+    which every view shows): the current comparison (Compare, Errors, Graph), calibration, repair or dataset run."""
     value = run_store.open_saved(saved)
     state = workbench.state
-    label = f"reopened from {saved.path.name}: {saved.label}" if saved.label else f"reopened from {saved.path.name}"
-    state.runs, run = state.log.start(saved.kind, label, value, status="done")
+    state.runs, run = state.log.start(saved.kind, saved.label, value, status="done", source=saved.path.name)
     if saved.kind == "comparison":
         state.selected = ""
         state.result = value
