@@ -77,6 +77,8 @@ def test_a_comparison_is_saved_and_reopened_after_a_restart_in_every_view(runs):
     assert f"{t.metrics['sqnr_db']:.4g}" in fresh.graph_panel.info.value
     fresh.errors_panel.select(CULPRIT)  # the layer values rerun both engines on the bundle's own feeds
     assert fresh.errors_panel.wait(120) and fresh.errors_panel.values_plot.outputs
+    assert fresh.compare_panel.run() is not None and fresh.compare_panel.wait(120)  # a new run: the note goes
+    assert fresh.saved_runs.note.value == "" and "reopened" not in fresh.errors_panel.message.value
 
 
 def test_only_the_newest_runs_are_kept(runs, monkeypatch):

@@ -38,7 +38,14 @@ class SavedRunsBox(widgets.VBox):
         self.add_class("wb-saved-runs")
         self.state.observe(lambda _: self.refresh(), "saved")
         self.state.observe(lambda _: self.refresh(), "model")
+        self.state.observe(self._on_runs, "runs")
         self.refresh()
+
+    def _on_runs(self, change: dict) -> None:
+        """A new run started here: the note on the last reopened one goes (it is no longer what was done last)."""
+        log = change["new"]
+        if log is not None and log.runs and not log.runs[-1].source:
+            self.note.value = ""
 
     def refresh(self) -> None:
         """List the saved runs of the current model again (the choice kept when it is still there)."""
