@@ -13,6 +13,12 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "sample_models"
 
+# the Workbench saves every finished run for reopening after a restart (workbench.ui.run_store): tests save theirs
+# into a folder of their own (JupyterLab kernels started by browser tests inherit it), never the user's cache
+_RUNS = __import__("tempfile").mkdtemp(prefix="workbench-test-runs-")
+os.environ["WORKBENCH_RUNS_DIR"] = _RUNS
+__import__("atexit").register(__import__("shutil").rmtree, _RUNS, True)
+
 
 def tiny_model(opset: int = 17, ir_version: int = 8, named: bool = True) -> onnx.ModelProto:
     """x[1,4] -> MatMul(W) -> Relu -> y[1,4]."""

@@ -1,7 +1,10 @@
 """Issue 22 in a real browser (JupyterLab + headless Chromium): run a comparison, cancel the next one, rerun on other
 input shapes, and check that every tab's numbers belong to the current run: Compare's summary, the Errors curve and
 message, the Graph side pane (its value is the current result's, read back from the kernel), the Engine tab's error
-column. The cancelled run leaves no view showing the first run's numbers as current."""
+column. The cancelled run leaves no view showing the first run's numbers as current. Then the same for the
+tabs whose runs are their own: Calibration and Repair each run, are cancelled (no numbers left, "cancelled" said),
+and run again on other input shapes (shared with Compare): each shows the new run's numbers (read in the kernel)
+and none of the old run's. (Model shows no run; Dataset runs read files, not input shapes: tests/test_ui_runs.py.)"""
 
 from __future__ import annotations
 
@@ -25,13 +28,24 @@ CELLS = [
     "dims = model.graph.input[0].type.tensor_type.shape.dim\n"
     'dims[2].dim_param, dims[3].dim_param = "H", "W"\ndel model.graph.value_info[:]\n'
     'path = Path(tempfile.mkdtemp()) / "clamp_dynamic.onnx"\nonnx.save(model, path)\n'
-    "hold, real = threading.Event(), api.compare\n\n"
-    "def held(*args, **kwargs):\n    if hold.is_set():\n        kwargs['cancel'].wait(120)\n"
-    "    return real(*args, **kwargs)\n\napi.compare = held\nwb = Workbench(path)\nwb",
+    "import workbench.calibrate as calibrate_api\nimport workbench.repair.api as repair_api\n"
+    "hold = threading.Event()\n\n"
+    "def held(real):\n    def run(*args, **kwargs):\n        if hold.is_set():\n"
+    "            kwargs['cancel'].wait(120)\n        return real(*args, **kwargs)\n    return run\n\n"
+    "api.compare = held(api.compare)\ncalibrate_api.calibrate = held(calibrate_api.calibrate)\n"
+    "repair_api.repair = held(repair_api.repair)\nwb = Workbench(path)\n"
+    "wb.calibration_panel.data_count.value, wb.calibration_panel.eval_count.value = 2, 2\n"
+    "wb.repair_panel.max_builds.value = 4\nwb",
     "hold.set()",
     "hold.clear()",
     f'print("value:", "%.4g" % next(t for t in wb.state.result.tensors if t.node == "{CULPRIT}")'
     '.metrics["sqnr_db"], "run:", wb.state.current_run("comparison").id)',
+    # the current calibration's calibrated amax of each tensor (as its representativeness table prints them)
+    'print("value:", ",".join("%.4g" % r.calib_amax for r in wb.state.calibration.representativeness), '
+    '"run:", wb.state.current_run("calibration").id)',
+    # the current repair's worst output after the repair (as its outputs table prints it)
+    'print("value:", "%.4g" % min(o["sqnr_db"] for o in wb.repair_panel.result.after["outputs"].values()), '
+    '"run:", wb.state.current_run("repair").id)',
 ]
 
 #: the text of the tab shown, and the number of plots drawn in it (the tab's pane: a child of the Tab's stacked panel)
@@ -73,10 +87,11 @@ def test_every_tab_shows_the_current_run_after_cancel_and_rerun(lab_page, artifa
         field.nth(k).fill(text)
         field.nth(k).press("Tab")
 
-    def value_now() -> tuple[str, int]:
-        """The current result's value of the culprit and the current comparison's id, read in the kernel."""
-        H.run_cell(page, 3, wait=True)
-        out = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(3).locator(
+    def value_now(cell: int = 3) -> tuple[str, int]:
+        """The current result's value of the culprit and the current comparison's id, read in the kernel (``cell``
+        4: the calibration's amax values, 5: the repair's worst output after it)."""
+        H.run_cell(page, cell, wait=True)
+        out = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(cell).locator(
             ".jp-OutputArea-output").last.inner_text()
         m = re.search(r"value: (\S+) run: (\d+)", out)
         assert m, out
@@ -146,6 +161,47 @@ def test_every_tab_shows_the_current_run_after_cancel_and_rerun(lab_page, artifa
     assert "#1: ort:fp16 vs ort, shapes image:[1,4,16,16]" in history
     assert "#4: ort:fp16 vs ort, shapes image:[1,4,24,24]" in history
     H.screenshot(page, artifacts, "03-run3")
+
+    # the tabs with runs of their own: run, cancel (no numbers left), run again on other shapes (new numbers only)
+    next_id = 5
+    for title, button, cell, done in (("Calibration", "Calibrate", 4, "tensors calibrated"),
+                                      ("Repair", "Run", 5, "target")):
+        tab(title)
+        start = wb.locator("button", has_text=re.compile(rf"^\s*{button}\s*$")).locator("visible=true").first
+        start.click()
+        try:
+            wb.get_by_text(re.compile(rf"run #{next_id}(?!\d)[\s\S]*{done}")).first.wait_for(timeout=180_000)
+        except Exception:  # noqa: BLE001 - a screenshot and what the tab shows, then the failure
+            H.screenshot(page, artifacts, f"failure-{title.lower()}")
+            raise AssertionError(f"{title}: run #{next_id} never showed: {shown()[:3000]}") from None
+        old, old_id = value_now(cell)
+        assert old_id == next_id and all(v in shown() for v in old.split(",")), (old, shown()[:2000])
+        H.run_cell(page, 1, wait=True)
+        start.click()
+        cancel = wb.locator("button", has_text="Cancel").locator("visible=true").first
+        page.wait_for_function("b => !b.disabled", arg=cancel.element_handle(), timeout=60_000)
+        cancel.click()
+        wb.get_by_text(re.compile(rf"run #{next_id + 1}(?!\d)[\s\S]*cancelled")).first.wait_for(timeout=60_000)
+        H.run_cell(page, 2, wait=True)
+        text = shown()
+        assert f"run #{next_id}" not in text, f"{title} still shows run #{next_id} after the cancel: {text[:2000]}"
+        assert not set(old.split(",")) & set(re.findall(r"-?\d+\.\d+", text)), (old, text[:2000])
+        assert wb.evaluate(PLOTS_JS) == 0, f"{title} still draws the cancelled run's predecessor's plots"
+        H.screenshot(page, artifacts, f"04-{title.lower()}-cancelled")
+        tab("Compare")
+        shapes(f"image:[1,4,{20 if title == 'Calibration' else 12},{20 if title == 'Calibration' else 12}]")
+        tab(title)
+        start.click()
+        wb.get_by_text(re.compile(rf"run #{next_id + 2}(?!\d)[\s\S]*{done}")).first.wait_for(timeout=180_000)
+        new, new_id = value_now(cell)
+        text = shown()
+        assert new_id == next_id + 2 and new != old
+        assert all(v in text for v in new.split(",")), (new, text[:2000])
+        gone = set(old.split(",")) - set(new.split(","))
+        assert gone and not gone & set(re.findall(r"-?\d+\.\d+", text)), (old, new, text[:2000])
+        assert f"run #{next_id}" not in text and f"run #{next_id + 1}" not in text
+        H.screenshot(page, artifacts, f"05-{title.lower()}-rerun")
+        next_id += 3
     assert not errors, errors
     # defect 18: no widget fails to take its new state on a rerun
     assert not [m for m in console if "Error setting state" in m], console

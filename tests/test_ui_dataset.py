@@ -85,8 +85,9 @@ def test_the_run_shows_the_results_numbers(ran, data):
     for name in ("top1", "top3"):
         values = [s["task"][name] for s in samples]
         worst = int(np.argmin(values))
-        assert (f"<td>{name}</td><td>{fmt(float(np.mean(values)))}</td><td>{fmt(min(values))}</td>"
-                f"<td>{fmt(max(values))}</td><td>{fmt(values[worst])}</td><td>#{samples[worst]['index']}</td>"
+        num = '<td class="wb-num">'  # numbers stay on one line (issue 22 defect 16)
+        assert (f"<td>{name}</td>{num}{fmt(float(np.mean(values)))}</td>{num}{fmt(min(values))}</td>"
+                f"{num}{fmt(max(values))}</td>{num}{fmt(values[worst])}</td><td>#{samples[worst]['index']}</td>"
                 ) in ran.task_table.value
     # the worst samples, a button each, in the result's order, with their first divergence
     worst = result.worst()

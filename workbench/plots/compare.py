@@ -27,6 +27,11 @@ DIP_COLOR, FLOOR_COLOR, AT_FLOOR_COLOR, OUTPUT_COLOR, HARMLESS_COLOR = ("#ff9896
                                                                        "#c7c7c7")
 #: from this many layers on, the curve gets a range slider to zoom with
 ZOOM_LAYERS = 500
+#: at most this many x-axis ticks on the per-layer curve (their labels never pile up)
+CURVE_TICKS = 12
+#: the curve's range slider: transparent, with a neutral border, so it reads in light and dark themes alike
+RANGESLIDER = {"visible": True, "thickness": 0.08, "bgcolor": "rgba(0,0,0,0)", "bordercolor": "rgba(127,127,127,0.6)",
+               "borderwidth": 1}
 #: the floor band's fill: errors inside it are within FLOOR_MARGIN_DB of what holding the values costs
 FLOOR_FILL = "rgba(127,127,127,0.18)"
 
@@ -155,7 +160,9 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, b
       (cyan diamonds), graph outputs (black squares), inf/NaN mismatches (x), and the first divergent tensor
       (star) only when the run diverged;
     - layer names written on the curve: the first divergent layer and the ``label_worst`` worst others;
-    - from :data:`ZOOM_LAYERS` layers on, a range slider under the axis (a zoom is kept across redraws);
+    - from :data:`ZOOM_LAYERS` layers on, a transparent range slider under the axis (a zoom is kept across
+      redraws) and the legend above the plot, where the slider cannot cover it;
+    - an x axis that ends at the first and last layer (autorange bounded), with at most :data:`CURVE_TICKS` ticks;
     - inf/NaN metric values drawn at a cap just past the worst finite value (hover says so), never as gaps;
     - with ``bands`` (:class:`~workbench.plots.thresholds.Bands` of ``metric``: the user's colour thresholds) the
       good / marginal / bad ranges shaded behind the curve, each point coloured by its band and the legend stating
@@ -237,7 +244,11 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, b
     if m == "sqnr_db" and any(v == SQNR_EXACT_DB for v in y):
         notes.append(f"exact matches drawn at {SQNR_EXACT_DB:g} dB")
     if notes:
-        fig.add_annotation(xref="paper", yref="paper", x=1, y=1.08, showarrow=False, text="; ".join(notes))
+        # above the plot's top-right corner; with a range slider the legend takes that row: inside the corner then
+        inside = len(tensors) >= ZOOM_LAYERS
+        fig.add_annotation(xref="paper", yref="paper", x=1, y=1 if inside else 1.08, xanchor="right" if inside else
+                           "auto", yanchor="top" if inside else "auto", showarrow=False, text="; ".join(notes),
+                           name="curve notes")
     verdict = "DIVERGED" if result.diverged else "ok"
     fig.update_layout(title=esc(f"{m} per layer: {result.reference} (reference) vs {result.candidate} (candidate)"
                                 f"{_precision_text(result)}: {verdict}"),
@@ -246,9 +257,20 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, b
     if log:
         fig.update_yaxes(type="log")
     fig.update_layout(uirevision="layer-error-curve")  # a zoom survives redraws of the selection ring
+    # the axis ends at the first and last layer: plotly's autorange also makes room for the layer names written
+    # on the curve, which ran it hundreds of layers past the last one; ticks are thinned so they never pile up
+    if x:
+        pad = max(1.0, 0.01 * (max(x) - min(x)))
+        span = [min(x) - pad, max(x) + pad]
+        fig.update_xaxes(autorangeoptions={"minallowed": span[0], "maxallowed": span[1]}, nticks=CURVE_TICKS,
+                         automargin=True)
     if len(tensors) >= ZOOM_LAYERS:  # too many layers to read at once: a range slider under the axis
-        fig.update_xaxes(rangeslider={"visible": True, "thickness": 0.08})
-        fig.update_layout(legend={"orientation": "h", "y": -0.35})
+        fig.update_xaxes(rangeslider={**RANGESLIDER, "range": span, "autorange": False})
+        # the legend goes above the plot, where the slider cannot cover it; the title's lines come first
+        fig.update_layout(legend=CULPRIT_LEGEND)
+        fit_title(fig)
+        fig.update_layout(margin={"t": fig.layout.margin.t + LEGEND_ROOM})
+        return fig
     return fit_title(fig)
 
 

@@ -25,7 +25,7 @@ from ..core.floats import decode_float
 from ..dataset.metrics import BUILTIN
 from ..errors import InputError
 from .engine_pair import EnginePair, PairedPanel
-from .figures import clear, show_figure
+from .figures import clear, figure_widget, show_figure
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
 from .state import WorkbenchState
@@ -441,7 +441,6 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         self.worst_grid.children = cells
 
     def _draw_scatter(self) -> None:
-        import plotly.graph_objects as go
 
         from ..plots.dataset import sample_metric
 
@@ -451,7 +450,7 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         fig = sample_metric(result, self.scatter_metric.value or None)
         fig.update_layout(height=360, clickmode="event")
         if self.scatter is None:
-            self.scatter = go.FigureWidget(fig)
+            self.scatter = figure_widget(fig)
         else:
             with self.scatter.batch_update():
                 self.scatter.data = ()

@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..core.metric_info import JUDGED
-from .figures import clear, show_figure
+from .figures import clear, figure_widget, show_figure
 from .jobs import JobControls
 from .messages import error_html, fallback_repr, message_html
 from .runs import no_result_text
@@ -60,8 +60,9 @@ class ErrorsPanel(widgets.VBox):
         self.detail_title = widgets.HTML()
         self.jobs = JobControls()
         self.values_plot = widgets.Output()
-        self.scatter_plot = widgets.Output(layout=widgets.Layout(width="50%"))
-        self.channel_plot = widgets.Output(layout=widgets.Layout(width="50%"))
+        # side by side when there is room, one under the other in a narrow window (their row wraps)
+        self.scatter_plot = widgets.Output(layout=widgets.Layout(flex="1 1 45%", min_width="320px"))
+        self.channel_plot = widgets.Output(layout=widgets.Layout(flex="1 1 45%", min_width="320px"))
         # side by side: reference / candidate / difference of the selected tensor (a channel at a time for images)
         self.view_channel = widgets.BoundedIntText(value=0, min=0, max=0, description="image channel",
                                                    style={"description_width": "initial"},
@@ -112,7 +113,7 @@ class ErrorsPanel(widgets.VBox):
             style_tag(), widgets.HBox([self.metric, self.feed, self.axis]), self.bands_box, self.message,
             self.zoom_bar,
             self.curve_box, self.more, heading("Selected layer"), self.detail_title, self.jobs, self.values_plot,
-            widgets.HBox([self.scatter_plot, self.channel_plot]),
+            widgets.HBox([self.scatter_plot, self.channel_plot], layout=widgets.Layout(flex_flow="row wrap")),
             heading("Reference / candidate / difference"), self.view_channel, self.view_note, self.views_plot,
             widgets.HBox([self.var_name, self.send_button]), self.send_note,
         ])
@@ -202,7 +203,7 @@ class ErrorsPanel(widgets.VBox):
         fig.update_layout(height=420, clickmode="event")
         self.curve_box.layout.display = ""  # shown before it is updated: plotly.js draws into a visible plot
         if self.curve is None:
-            self.curve = go.FigureWidget(fig)
+            self.curve = figure_widget(fig)
             self.curve_box.children = (self.curve,)
         else:
             with self.curve.batch_update():

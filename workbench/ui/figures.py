@@ -27,6 +27,20 @@ def figure_bundle(fig: Any) -> dict:
             "text/plain": f"<{title}>"}
 
 
+def figure_widget(fig: Any) -> Any:
+    """A clickable ``go.FigureWidget`` of ``fig`` that follows its box's width.
+
+    plotly's FigureWidget (an anywidget) never resizes on its own: drawn while its tab is hidden it keeps plotly's
+    default 700 px width. ``responsive`` makes plotly resize it on each window ``resize`` event, which
+    :class:`~workbench.ui.plot_fit.PlotFit` sends when its tab is revealed or resized (its height stays the
+    layout's)."""
+    import plotly.graph_objects as go
+
+    widget = go.FigureWidget(fig)
+    widget._config = {**(widget._config or {}), "responsive": True, "displaylogo": False}
+    return widget
+
+
 def show_figure(out: Any, fig: Any) -> None:
     """Replace what Output widget ``out`` shows with ``fig`` (works without a kernel, e.g. in tests)."""
     out.outputs = ({"output_type": "display_data", "data": figure_bundle(fig), "metadata": {}},)

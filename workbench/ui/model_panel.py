@@ -31,8 +31,9 @@ class ModelPanel(widgets.VBox):
                  **load_kwargs: Any) -> None:
         self.state = WorkbenchState.of(model, state=state, **load_kwargs)
         self.summary = widgets.HTML()
-        self.chart = widgets.Output(layout=widgets.Layout(width="55%"))
-        self.ops_table = widgets.HTML(layout=widgets.Layout(width="45%"))
+        # side by side when there is room, one under the other in a narrow window (the row wraps)
+        self.chart = widgets.Output(layout=widgets.Layout(flex="1 1 52%", min_width="320px"))
+        self.ops_table = widgets.HTML(layout=widgets.Layout(flex="1 1 40%", min_width="260px"))
         names = [t.name for t in list_targets()]
         chosen = targets or [t.name for t in default_targets()]
         self.targets = widgets.SelectMultiple(options=names, value=[t for t in chosen if t in names], rows=6,

@@ -25,11 +25,13 @@ class Run:
     result: Any = None
     error: str = ""
     started: float = dataclasses.field(default_factory=time.time)
+    #: where a run reopened from a saved bundle came from (the saved run's name; see workbench.ui.run_store)
+    source: str = ""
 
     @property
     def tag(self) -> str:
-        """``run #N``."""
-        return f"run #{self.id}"
+        """``run #N`` (``run #N, reopened from SOURCE`` for a run reopened from a saved bundle)."""
+        return f"run #{self.id}" + (f", reopened from {self.source}" if self.source else "")
 
     def describe(self) -> str:
         """``run #3 (comparison, cancelled): LABEL``."""
@@ -42,10 +44,11 @@ class RunLog:
     def __init__(self, runs: tuple[Run, ...] = ()) -> None:
         self.runs = tuple(runs)
 
-    def start(self, kind: str, label: str = "", result: Any = None, status: str = "running") -> tuple[RunLog, Run]:
+    def start(self, kind: str, label: str = "", result: Any = None, status: str = "running",
+              source: str = "") -> tuple[RunLog, Run]:
         if kind not in KINDS:
             raise ValueError(f"no run kind {kind!r}; use one of {', '.join(KINDS)}")
-        run = Run(id=len(self.runs) + 1, kind=kind, label=label, status=status, result=result)
+        run = Run(id=len(self.runs) + 1, kind=kind, label=label, status=status, result=result, source=source)
         return RunLog((*self.runs, run)), run
 
     def end(self, run_id: int, status: str, result: Any = None, error: str = "") -> tuple[RunLog, Run]:

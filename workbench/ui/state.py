@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from traitlets import Any as AnyTrait
-from traitlets import HasTraits, Unicode, observe
+from traitlets import Bool, HasTraits, Int, Unicode, observe
 
 from ..errors import WorkbenchError
 from ..inspection import inspect_model
@@ -50,6 +50,10 @@ class WorkbenchState(HasTraits):
     #: the user's colour thresholds (:class:`~workbench.plots.thresholds.Bands`), None: the current run's
     #: criterion's defaults (see :func:`workbench.ui.thresholds_box.bands_in_use`)
     bands = AnyTrait(None, allow_none=True)
+    #: save each finished run into the runs folder (:mod:`workbench.ui.run_store`), to reopen after a restart
+    autosave = Bool(True)
+    #: bumped (on the kernel's thread) each time a finished run has been saved there
+    saved = Int(0)
 
     @classmethod
     def of(cls, source: Any = None, *, state: WorkbenchState | None = None, **load_kwargs: Any) -> WorkbenchState:
@@ -115,7 +119,19 @@ class WorkbenchState(HasTraits):
         slot = _SLOT_OF.get(ended.kind)
         if slot is not None and status == "done" and self.current_run(ended.kind) is ended:
             setattr(self, slot, result)
+        if status == "done" and self.autosave:
+            self._save(ended)
         return ended
+
+    def _save(self, run: Run) -> None:
+        """Save ``run`` into the runs folder on a worker thread; :attr:`saved` follows when it is there."""
+        from .kernel_thread import on_kernel
+        from .run_store import save_in_background
+
+        def bump(_path: Any) -> None:
+            on_kernel(lambda: setattr(self, "saved", self.saved + 1))
+
+        save_in_background(run, self.model, then=bump)
 
     def current_run(self, kind: str) -> Run | None:
         """The newest run of ``kind`` (running, done, cancelled or failed), None before the first."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -24,6 +26,17 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+#: a cell's text that reads as one number (with a short unit): it never wraps (class "wb-num")
+NUMBER = re.compile(r"[-+]?(\d[\d,.]*|\.\d+|inf|nan|–)(e[-+]?\d+)?\s?(dB|%|x|×|ms|s|[kMG]?B)?", re.IGNORECASE)
+
+
+def cell_html(value: Any) -> str:
+    """One ``<td>``: numbers (and texts that read as one) get class "wb-num", so they stay on one line."""
+    text = fmt(value)
+    number = (isinstance(value, numbers.Number) and not isinstance(value, bool)) or NUMBER.fullmatch(text.strip())
+    return f'<td class="wb-num">{html.escape(text)}</td>' if number else f"<td>{html.escape(text)}</td>"
+
+
 def table_html(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, max_rows: int = 200,
                classes: Sequence[str] | None = None, empty: str = "nothing to show") -> str:
     """An HTML table; ``classes`` gives each row a CSS class (e.g. "bad")."""
@@ -34,7 +47,7 @@ def table_html(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, max_row
     body = []
     for k, row in enumerate(rows[:max_rows]):
         cls = f' class="{classes[k]}"' if classes and classes[k] else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>")
+        body.append(f"<tr{cls}>" + "".join(cell_html(v) for v in row) + "</tr>")
     more = f'<div class="wb-empty">{len(rows) - max_rows} more rows not shown</div>' if len(rows) > max_rows else ""
     return f'<div class="wb-table-wrap"><table class="wb-table"><tr>{head}</tr>{"".join(body)}</table></div>{more}'
 
@@ -47,5 +60,5 @@ def frame_html(frame: Any, columns: Sequence[str] | None = None, **kwargs: Any) 
 
 def kv_html(pairs: Iterable[tuple[str, Any]]) -> str:
     """A two-column key/value table."""
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(fmt(v))}</td></tr>" for k, v in pairs)
+    rows = "".join(f"<tr><th>{html.escape(k)}</th>{cell_html(v)}</tr>" for k, v in pairs)
     return f'<table class="wb-kv">{rows}</table>'

@@ -16,8 +16,10 @@ from .errors_panel import ErrorsPanel
 from .graph_panel import GraphPanel
 from .messages import error_html, fallback_repr
 from .model_panel import ModelPanel
+from .plot_fit import PlotFit
 from .repair_panel import RepairPanel
 from .reveal import RevealAnchor
+from .saved_runs import SavedRunsBox
 from .state import WorkbenchState
 from .style import style_tag
 
@@ -58,7 +60,8 @@ class Workbench(widgets.VBox):
             self.state.output_dir = str(output_dir)
         self.state.observe(self._on_show, "show")
         self.state.observe(lambda _: self._title(), "model")
-        super().__init__([style_tag(), self.header, self.tabs])
+        self.saved_runs = SavedRunsBox(self)  # the runs of this model saved by earlier sessions: Reopen
+        super().__init__([style_tag(), self.header, self.saved_runs, self.tabs])
         self.add_class("wb-root")
         self._title()
         self.panel("model")
@@ -79,7 +82,8 @@ class Workbench(widgets.VBox):
             self._panels[key] = self._build(key)
             index = list(PANELS).index(key)
             self._anchors[key] = RevealAnchor()
-            self.tabs.children[index].children = (self._anchors[key], self._panels[key])
+            # the fitter last: a figure drawn while its tab was hidden gets the tab's width when it is revealed
+            self.tabs.children[index].children = (self._anchors[key], self._panels[key], PlotFit())
             self._connect(key)
         return self._panels[key]
 
@@ -120,6 +124,11 @@ class Workbench(widgets.VBox):
         panel = self.panel(key)
         self.tabs.selected_index = list(PANELS).index(key)
         return panel
+
+    def reopen(self, saved: Any = None):
+        """Reopen a saved run (a :class:`~workbench.ui.run_store.SavedRun`, else the one chosen in the saved-runs
+        picker): it becomes run #N of its kind, shown by every view. Returns the run (None: why is shown)."""
+        return self.saved_runs.reopen(saved)
 
     def _on_tab(self, change: dict) -> None:
         index = change["new"]
