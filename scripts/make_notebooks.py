@@ -456,11 +456,20 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600) -> nbforma
     # runs, so the updates wait (WORKBENCH_UI_RECORD) for a last cell that lets every job finish and sends them
     nb.cells.append(nbformat.v4.new_code_cell(SETTLE))
     os.environ["WORKBENCH_UI_RECORD"] = "1"
+    # runs saved while recording go to a folder of their own: the saved notebook lists none of this machine's runs
+    runs = tempfile.TemporaryDirectory(prefix="workbench-nb-runs-")
+    previous = os.environ.get("WORKBENCH_RUNS_DIR")
+    os.environ["WORKBENCH_RUNS_DIR"] = runs.name
     try:
         NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                        resources={"metadata": {"path": str(cwd)}}).execute()
     finally:
         os.environ.pop("WORKBENCH_UI_RECORD", None)
+        if previous is None:
+            os.environ.pop("WORKBENCH_RUNS_DIR", None)
+        else:
+            os.environ["WORKBENCH_RUNS_DIR"] = previous
+        runs.cleanup()
         nb.cells = [c for c in nb.cells if c.source != SETTLE]
     slim_widget_state(nb)
     scrub_paths(nb, cwd)
