@@ -190,6 +190,14 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
+        if builder.kind == "qdq" and nodes is None and not before.met:
+            from .qdq_order import order_pool
+
+            pool, ordering = order_pool(ev, builder, pool, before, notes)
+            if ordering:
+                notes.append(f"Q/DQ pool: {ordering['measured']} node(s) dequantized one at a time in one switchable "
+                             f"session ({ordering['seconds']:.1f}s); {ordering['helping']} help, "
+                             f"{ordering['met_alone']} meet the target alone")
         kept, minimal = search(ev, pool, before)
         timing["search_s"] = time.perf_counter() - t1
         final, repaired = _verify_on_candidate(ev, builder, kept)
