@@ -152,6 +152,28 @@ def task_score(kind: str, refs: list[np.ndarray], cands: list[np.ndarray]) -> di
     raise ValueError(kind)
 
 
+def agree_rec(ref: dict, cand: dict) -> float:
+    """A repair metric (``--metric scripts/int8_qdq_truth.py:agree_rec --target '>=1'``): 1.0 when the feed
+    decodes as in FP32 (greedy CTC; first output), else 0.0."""
+    name = next(iter(ref))
+    return float(task_score("rec", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
+
+
+def agree_cls(ref: dict, cand: dict) -> float:
+    """A repair metric: 1.0 when the feed gets FP32's class (first output), else 0.0."""
+    name = next(iter(ref))
+    return float(task_score("cls", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
+
+
+def save_feeds(feeds: list[dict], folder: str | Path) -> Path:
+    """One .npz per feed (000.npz, ...) in ``folder`` (created)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, f in enumerate(feeds):
+        np.savez(folder / f"{i:03d}.npz", **f)
+    return folder
+
+
 def key(score: dict) -> tuple[float, float]:
     return (score["error"], score["tie"])
 
@@ -239,10 +261,12 @@ def remove_qdq(qdq, fp32, nodes: Iterable[str]):
 class Runner:
     """FP32 outputs once; the task score of any Q/DQ variant on the held-out feeds (one ORT CPU session each)."""
 
-    def __init__(self, kind: str, fp32_path: str | Path, feeds: list[dict]):
+    def __init__(self, kind: str, fp32_path: str | Path, feeds: list[dict], level: str = "all"):
+        """``level``: ORT's graph optimisation level, "all" (as deployed) or "extended" (the same Q/DQ fusions
+        into int8 kernels, no layout transformation: sessions build faster)."""
         import onnx
 
-        self.kind, self.feeds = kind, feeds
+        self.kind, self.feeds, self.level = kind, feeds, level
         self.fp32 = onnx.load(str(fp32_path))
         self.refs = [o[0] for o in self._run(self.fp32.SerializeToString())]
         self.sessions = 0
@@ -252,6 +276,8 @@ class Runner:
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
+        if self.level == "extended":
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.log_severity_level = 3
         session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
         return [session.run(None, f) for f in self.feeds]

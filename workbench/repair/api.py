@@ -48,7 +48,8 @@ BATCH = ("auto", "switch", "build")
 def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, cand_model: Any = None,
            feeds: Any = None, target: str | None = None, metric: Any = None, out: str | os.PathLike | None = None,
            nodes: Sequence[str] | None = None, max_builds: int = 40, max_pool: int = 64, batch: str = "auto",
-           verify: str | None = "ref", preprocess: str | Callable | None = None, workers: int = 1,
+           verify: str | None = "ref", preprocess: str | Callable | None = None, calibration: Any = None,
+           workers: int = 1,
            executor: str | None = None, progress: Progress | None = None, cancel: threading.Event | None = None,
            **compare_options: Any) -> RepairResult:
     """Find a small set of nodes to keep in reference precision so that ``candidate`` meets ``target``.
@@ -66,7 +67,9 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     ``feeds``: feeds as compare() takes them, or a dataset (a folder of .npz, a folder of images with
     ``preprocess`` -- ``module:function`` or ``file.py:function`` taking an image path --, a
     :class:`~workbench.dataset.source.Dataset`, a generator, a DataLoader), read into memory within the memory
-    budget. ``workers``/``executor``: evaluate the search's candidate sets on N local processes or on Ray
+    budget. ``calibration``: INT8 calibration data for an ``:int8`` candidate (N random feeds, a file, a folder
+    of .npz or of images with ``preprocess``; default: ``feeds``; :mod:`workbench.repair.calibration`).
+    ``workers``/``executor``: evaluate the search's candidate sets on N local processes or on Ray
     (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. Other keywords are compare() options
     (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``, ``impact``, ``memory_budget``, ...).
     Raises :class:`~workbench.repair.graph.RepairError` (a WorkbenchError) on bad input.
@@ -95,11 +98,16 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     for key, value in COMPARE_DEFAULTS.items():
         compare_options.setdefault(key, value)
     source = None
-    if feeds is None and preprocess is not None:
+    if feeds is None and preprocess is not None and calibration is None:
         raise RepairError("preprocess applies to a dataset, and no feeds were given",
                           "pass feeds= a folder of images (--inputs DIR), or drop preprocess")
     if feeds is not None and is_dataset(feeds, preprocess):
         model, source, feeds = _dataset_feeds(model, feeds, preprocess, compare_options, steps.check)
+    if calibration is not None:
+        from .calibration import resolve
+
+        model, compare_options["calibration_feeds"] = resolve(model, calibration, preprocess, compare_options,
+                                                              steps.check)
     plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, **compare_options)
     try:
         if source is not None:
@@ -170,6 +178,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             cancel, spec) -> RepairResult:
     timing: dict[str, float] = {}
     notes: list[str] = []
+    if nodes is None:
+        from .qdq_order import measured_pool_only
+
+        measured_pool_only(plan, notes)
     result = plan.run(progress=steps.span(0.0, 0.45), cancel=cancel)
     builder = IslandBuilder(plan.cand_model, plan.ref_model)  # after the run: it indexes the candidate's nodes
     timing["compare_s"] = time.perf_counter() - t0
@@ -196,8 +208,8 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             pool, ordering = order_pool(ev, builder, pool, before, notes)
             if ordering:
                 notes.append(f"Q/DQ pool: {ordering['measured']} node(s) dequantized one at a time in one switchable "
-                             f"session ({ordering['seconds']:.1f}s); {ordering['helping']} help, "
-                             f"{ordering['met_alone']} meet the target alone")
+                             f"session on {ordering['feeds']} failing feed(s) ({ordering['seconds']:.1f}s); "
+                             f"{ordering['helping']} help there, {ordering['met_alone']} meet the target there alone")
         kept, minimal = search(ev, pool, before)
         timing["search_s"] = time.perf_counter() - t1
         final, repaired = _verify_on_candidate(ev, builder, kept)

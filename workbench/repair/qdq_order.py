@@ -5,9 +5,10 @@ removed: after a poor calibration every node adds error, and the outputs may tur
 never names. So for a Q/DQ candidate the pool is widened to every compute node that touches a Q/DQ pair
 (culprits first, up to :data:`QDQ_POOL`), each one's removal is measured alone against the repair target
 (the task metric or the output criterion) in ONE switchable session (:meth:`IslandBuilder.switchable`: each
-node's float twin beside it, a boolean input per node; a run per node and feed, one build), and the pool is
-ordered best first: sets that meet the target alone, then by failing feeds and by how bad the worst is. Nodes
-whose removal does not help follow in the culprit order. The search (:mod:`workbench.repair.search`) then grows
+node's float twin beside it, a boolean input per node; one build), on the feeds that fail the target as the
+candidate stands (up to :data:`FEEDS`: a run per node and such feed), and the pool is ordered best first: nodes
+whose removal alone meets the target there, then by failing feeds, by how bad the worst is, and by the outputs'
+error (nodes that help before those that do not). The search (:mod:`workbench.repair.search`) then grows
 prefixes of that order and shrinks to a 1-minimal set, building each set as the deployed model computes it.
 """
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: most nodes measured alone for a Q/DQ candidate (culprits first, then the graph's other quantized nodes)
 QDQ_POOL = 512
+#: feeds each node is measured on: those failing the target with nothing removed (else the first ones)
+FEEDS = 8
 
 
 def quantized_nodes(builder: IslandBuilder) -> list[str]:
@@ -43,6 +46,17 @@ def quantized_nodes(builder: IslandBuilder) -> list[str]:
         if reads or writes:
             out.append(node.name)
     return out
+
+
+def measured_pool_only(plan, notes: list[str]) -> bool:
+    """For a Q/DQ candidate, skip the comparison's culprit isolation and impact (``plan.options.culprits`` off):
+    :func:`order_pool` measures every quantized node's removal against the target itself. True when skipped."""
+    if not plan.options.culprits or not any(n.op_type in QDQ_OPS for n in plan.cand_model.graph.node):
+        return False
+    plan.options = plan.options.replace(culprits=False)
+    notes.append("Q/DQ candidate: the pool is every quantized node, each one's Q/DQ removal measured against the "
+                 "target (no culprit isolation)")
+    return True
 
 
 def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes: list[str],
@@ -65,17 +79,20 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
         return list(pool), {}
     ev.builds_by_role["ranking"] = ev.builds_by_role.get("ranking", 0) + 1
     off = {f: np.array(False) for f in flags.values()}
+    feeds = plan.cand_feeds
     judged = {}
     try:
+        base_runs = [session.run({**cfeed, **off}) for cfeed in feeds]
+        failing = [i for i, r in enumerate(base_runs) if not _judge(ev, [i], [r]).met]
+        chosen = (failing or list(range(len(feeds))))[:FEEDS]
+        base = _judge(ev, chosen, [base_runs[i] for i in chosen])
         for k, node in enumerate(nodes):
             if ev.step is not None and k % 16 == 0:
                 ev.step(0.0, f"Q/DQ removal measured alone: node {k + 1}/{len(nodes)}")
-            results = [session.run({**cfeed, **off, flags[node]: np.array(True)}) for cfeed in plan.cand_feeds]
-            judged[node] = ev.judge_outputs(results)
+            on = {**off, flags[node]: np.array(True)}
+            judged[node] = _judge(ev, chosen, [session.run({**feeds[i], **on}) for i in chosen])
     finally:
         session.close()
-    base = baseline.judgement
-
     crit = ev.target.criterion
 
     def score(j):  # met first, then fewer failing feeds, a better worst value, better outputs
@@ -83,10 +100,27 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
                       default=0.0)
         return (not j.met, j.failing, j.badness, outputs)
 
-    helping = sorted((n for n in nodes if score(judged[n]) < score(base)), key=lambda n: score(judged[n]))
-    ordered = helping + [n for n in pool if n not in helping]
-    summary = {"measured": len(nodes), "helping": len(helping), "met_alone": sum(judged[n].met for n in nodes),
-               "seconds": round(time.perf_counter() - t0, 3), "top": helping[:5]}
+    ranked = sorted(nodes, key=lambda n: score(judged[n]))
+    helping = [n for n in ranked if score(judged[n]) < score(base)]
+    ordered = helping + [n for n in ranked if n not in set(helping)]
+    summary = {"feeds": len(chosen), "measured": len(nodes), "helping": len(helping),
+               "met_alone": sum(judged[n].met for n in nodes), "seconds": round(time.perf_counter() - t0, 3),
+               "top": helping[:5]}
     log.info("Q/DQ pool: %d node(s) measured alone in %.1fs; %d help, %d meet the target alone", len(nodes),
              summary["seconds"], len(helping), summary["met_alone"])
     return ordered, summary
+
+
+def _judge(ev, indices: list[int], results: list[dict]):
+    """The target's judgement of ``results`` (candidate outputs of the feeds at ``indices``), as
+    :meth:`Evaluator.judge_outputs` judges all feeds."""
+    from ..core.metrics import ErrorStats
+
+    per_feed, task = [], []
+    for i, got in zip(indices, results):
+        ref = ev.ref_outputs[i]
+        cand = {r: got[c] for r, c in ev.outputs}
+        per_feed.append({r: ErrorStats().update(ref[r], cand[r]).metrics() for r, _ in ev.outputs})
+        if ev.target.metric is not None:
+            task.append(ev.target.task_value(ref, cand))
+    return ev.target.judge(per_feed, task)
