@@ -306,10 +306,12 @@ def rank_of(node: str | None, rows: list[tuple[str, dict]]) -> int | None:
     return 1 + sum(key(s) < mine for _, s in rows)
 
 
-def greedy(runner: Runner, qdq, order: list[str], limit: int | None = None) -> list[str] | None:
+def greedy(runner: Runner, qdq, order: list[str], limit: int | None = None, shrink_max: int = 16
+           ) -> list[str] | None:
     """The shortest prefix of ``order`` (the sweep's) whose removal makes the task healthy, by bisection on the
     prefix length after checking the whole list (an upper bound on the minimum), then shrunk to 1-minimal
-    (dropping any node breaks it). None when even the whole list does not."""
+    (dropping any node breaks it) when it holds at most ``shrink_max`` nodes. None when even the whole list
+    does not."""
     order = list(order[:limit] if limit else order)
     if not runner.score(remove_qdq(qdq, runner.fp32, order))["healthy"]:
         return None
@@ -321,7 +323,7 @@ def greedy(runner: Runner, qdq, order: list[str], limit: int | None = None) -> l
         else:
             lo = mid
     kept = order[:hi]
-    for node in list(reversed(kept))[1:]:
+    for node in list(reversed(kept))[1:] if len(kept) <= shrink_max else []:
         trial = [n for n in kept if n != node]
         if runner.score(remove_qdq(qdq, runner.fp32, trial))["healthy"]:
             kept = trial
