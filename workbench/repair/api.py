@@ -209,7 +209,8 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             if ordering:
                 notes.append(f"Q/DQ pool: {ordering['measured']} node(s) dequantized one at a time in one switchable "
                              f"session on {ordering['feeds']} failing feed(s) ({ordering['seconds']:.1f}s); "
-                             f"{ordering['helping']} help there, {ordering['met_alone']} meet the target there alone")
+                             f"{ordering['helping']} help there, {ordering['met_alone']} meet the target alone on "
+                             "every feed")
         kept, minimal = search(ev, pool, before)
         timing["search_s"] = time.perf_counter() - t1
         final, repaired = _verify_on_candidate(ev, builder, kept)

@@ -7,8 +7,9 @@ never names. So for a Q/DQ candidate the pool is widened to every compute node t
 (the task metric or the output criterion) in ONE switchable session (:meth:`IslandBuilder.switchable`: each
 node's float twin beside it, a boolean input per node; one build), on the feeds that fail the target as the
 candidate stands (up to :data:`FEEDS`: a run per node and such feed), and the pool is ordered best first: nodes
-whose removal alone meets the target there, then by failing feeds, by how bad the worst is, and by the outputs'
-error (nodes that help before those that do not). The search (:mod:`workbench.repair.search`) then grows
+whose removal alone meets the target on every feed (up to :data:`CONFIRM` of those meeting it there are checked
+on all feeds), then by failing feeds, by how bad the worst is, and by the outputs' error there (nodes that help
+before those that do not). The search (:mod:`workbench.repair.search`) then grows
 prefixes of that order and shrinks to a 1-minimal set, building each set as the deployed model computes it.
 """
 
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 QDQ_POOL = 512
 #: feeds each node is measured on: those failing the target with nothing removed (else the first ones)
 FEEDS = 8
+#: nodes meeting the target alone on those feeds that are checked on every feed (they go first when they hold)
+CONFIRM = 32
 
 
 def quantized_nodes(builder: IslandBuilder) -> list[str]:
@@ -91,20 +94,27 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
                 ev.step(0.0, f"Q/DQ removal measured alone: node {k + 1}/{len(nodes)}")
             on = {**off, flags[node]: np.array(True)}
             judged[node] = _judge(ev, chosen, [session.run({**feeds[i], **on}) for i in chosen])
+        crit = ev.target.criterion
+
+        def score(j):  # met first, then fewer failing feeds, a better worst value, better outputs
+            outputs = max((crit.badness({crit.metric: decode_float(o.get(crit.metric))})
+                           for o in j.outputs.values()), default=0.0)
+            return (not j.met, j.failing, j.badness, outputs)
+
+        ranked = sorted(nodes, key=lambda n: score(judged[n]))
+        confirmed = []  # meeting the target there alone: checked on every feed (a fix may break another feed)
+        for node in [n for n in ranked if judged[n].met][:CONFIRM]:
+            on = {**off, flags[node]: np.array(True)}
+            whole = _judge(ev, list(range(len(feeds))), [session.run({**f, **on}) for f in feeds])
+            if whole.met:
+                confirmed.append(node)
     finally:
         session.close()
-    crit = ev.target.criterion
-
-    def score(j):  # met first, then fewer failing feeds, a better worst value, better outputs
-        outputs = max((crit.badness({crit.metric: decode_float(o.get(crit.metric))}) for o in j.outputs.values()),
-                      default=0.0)
-        return (not j.met, j.failing, j.badness, outputs)
-
-    ranked = sorted(nodes, key=lambda n: score(judged[n]))
+    ranked = confirmed + [n for n in ranked if n not in set(confirmed)]
     helping = [n for n in ranked if score(judged[n]) < score(base)]
     ordered = helping + [n for n in ranked if n not in set(helping)]
     summary = {"feeds": len(chosen), "measured": len(nodes), "helping": len(helping),
-               "met_alone": sum(judged[n].met for n in nodes), "seconds": round(time.perf_counter() - t0, 3),
+               "met_alone": len(confirmed), "seconds": round(time.perf_counter() - t0, 3),
                "top": helping[:5]}
     log.info("Q/DQ pool: %d node(s) measured alone in %.1fs; %d help, %d meet the target alone", len(nodes),
              summary["seconds"], len(helping), summary["met_alone"])
