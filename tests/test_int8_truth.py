@@ -92,7 +92,8 @@ def test_cli_repair_int8_from_fp32_with_calibration_data(cls_case, tmp_path, cap
 
 def test_cli_repair_calib_needs_a_usable_value(cls_case, tmp_path, capsys):
     fp32, _, _, _ = cls_case
-    code = main(["repair", str(fp32), "--cand", "ort:int8", "--calib", str(tmp_path / "missing"),
-                 "--out", str(tmp_path / "x.onnx")])
-    err = capsys.readouterr().err
-    assert code == 2 and "missing" in err and "Traceback" not in err
+    for calib, said in ((str(tmp_path / "missing"), "missing"), ("0", "at least one feed")):
+        code = main(["repair", str(fp32), "--cand", "ort:int8", "--calib", calib, "--input-shapes", "x:[1,3,48,192]",
+                     "--out", str(tmp_path / "x.onnx")])
+        err = capsys.readouterr().err
+        assert code == 2 and said in err and "Traceback" not in err, err
