@@ -214,6 +214,37 @@ def remove_qdq(qdq, fp32, nodes: Iterable[str]):
             consumers.setdefault(i, []).append(n)
     added: set[str] = set()
     bypass: dict[str, str] = {}  # DQ output on a kept node's output -> the float tensor
+    folded = _folded(qdq, fp32)
+    activated: dict[str, str] = {}
+
+    def act(t: str) -> str:
+        """``t`` as float code must read it: through the Relu/Clip the quantizer folded into its Q/DQ pair."""
+        r = folded.get(t)
+        if r is None:
+            return t
+        if t not in activated:
+            out = f"{t}::act"
+            extra = []
+            for j, name in enumerate(r.input[1:], 1):
+                if name:
+                    c = onnx.TensorProto()
+                    c.CopyFrom(ref_consts[name])
+                    c.name = f"{t}::act{j}"
+                    g.initializer.append(c)
+                    extra.append(c.name)
+                else:
+                    extra.append("")
+            new_nodes.append(onnx.helper.make_node(r.op_type, [t, *extra], [out], name=f"{r.name}::refolded"))
+            for a in r.attribute:
+                new_nodes[-1].attribute.append(a)
+            activated[t] = out
+        return activated[t]
+
+    ref_consts = {t.name: t for t in fp32.graph.initializer}
+    for n in fp32.graph.node:
+        if n.op_type == "Constant":
+            ref_consts[n.output[0]] = next(a.t for a in n.attribute if a.name == "value")
+    new_nodes: list = []
     for n in g.node:
         if n.name not in nodes:
             continue
@@ -224,7 +255,7 @@ def remove_qdq(qdq, fp32, nodes: Iterable[str]):
             src = dq.input[0]
             q = producer.get(src)
             if q is not None and q.op_type == "QuantizeLinear":  # activation: read it before the pair
-                n.input[k] = q.input[0]
+                n.input[k] = act(q.input[0])
             elif src in inits:  # a quantized constant: the FP32 model's value
                 base = src[:-len("_quantized")] if src.endswith("_quantized") else src
                 if base in ref_inits:
@@ -242,7 +273,7 @@ def remove_qdq(qdq, fp32, nodes: Iterable[str]):
                     continue
                 for dq in consumers.get(q.output[0], []):
                     if dq.op_type == "DequantizeLinear":
-                        bypass[dq.output[0]] = o
+                        bypass[dq.output[0]] = act(o)
     if bypass:
         for n in g.node:
             if n.op_type == "DequantizeLinear" and n.output[0] in bypass:
@@ -255,7 +286,28 @@ def remove_qdq(qdq, fp32, nodes: Iterable[str]):
                 for n in g.node:
                     if n.op_type == "DequantizeLinear" and n.output[0] == out.name:
                         n.CopyFrom(onnx.helper.make_node("Identity", [bypass[out.name]], [out.name], name=n.name))
+    if new_nodes:  # Relu/Clip restored: inserted before their first reader (the graph stays sorted)
+        readers = {v for v in activated.values()}
+        nodes = list(g.node)
+        out_nodes, pending = [], {nn.output[0]: nn for nn in new_nodes}
+        for n in nodes:
+            for name in list(n.input):
+                if name in pending and name in readers:
+                    out_nodes.append(pending.pop(name))
+            out_nodes.append(n)
+        out_nodes += list(pending.values())
+        del g.node[:]
+        g.node.extend(out_nodes)
     return model
+
+
+def _folded(qdq, fp32) -> dict:
+    """Tensor -> the FP32 model's Relu/Clip that produced it and that quantize_static removed (it renames the
+    producer's output to the activation's and lets the Q/DQ range clip instead): float readers need it back."""
+    names = {n.name for n in qdq.graph.node}
+    produced = {o for n in qdq.graph.node for o in n.output}
+    return {n.output[0]: n for n in fp32.graph.node
+            if n.op_type in ("Relu", "Clip") and n.name not in names and n.output[0] in produced}
 
 
 class Runner:
