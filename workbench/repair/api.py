@@ -207,8 +207,9 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
 
             pool, ordering = order_pool(ev, builder, pool, before, notes)
             if ordering:
+                timing["qdq_order_s"] = ordering["seconds"]
                 notes.append(f"Q/DQ pool: {ordering['measured']} node(s) dequantized one at a time in one switchable "
-                             f"session on {ordering['feeds']} failing feed(s) ({ordering['seconds']:.1f}s); "
+                             f"session on {ordering['feeds']} failing feed(s); "
                              f"{ordering['helping']} help there, {ordering['met_alone']} meet the target alone on "
                              "every feed")
         kept, minimal = search(ev, pool, before)
