@@ -203,11 +203,13 @@ def _error(r: dict) -> str:
 
 def run_int8(args=None) -> list[dict]:
     """Rows for both tools on every model (keys: model, tool, precision, met, high_nodes, high_weight_bytes,
-    wall_s, rss_mib, note). ``args``: anything with optional ``models`` and ``work`` attributes."""
+    wall_s, rss_mib, note). ``args``: anything with optional ``models`` (those of :data:`KINDS` are run; none of
+    them: all of them) and ``work`` (a folder; ours goes in its ``int8/``) attributes."""
     import importlib.util
 
-    models = [m for m in (getattr(args, "models", None) or KINDS) if m in KINDS]
-    work = Path(getattr(args, "work", None) or Path.home() / ".cache" / "workbench-anchors-int8")
+    models = [m for m in (getattr(args, "models", None) or ()) if m in KINDS] or list(KINDS)
+    given = getattr(args, "work", None)
+    work = Path(given) / "int8" if given else Path.home() / ".cache" / "workbench-anchors-int8"
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     for model in models:
@@ -246,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return _nncf_one(*argv[1:6])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(KINDS), choices=list(KINDS))
-    p.add_argument("--work", help="models and data are written here (default ~/.cache/workbench-anchors-int8)")
+    p.add_argument("--work", help="models and data are written under WORK/int8 (default "
+                   "~/.cache/workbench-anchors-int8)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "anchors_int8.txt"))
     args = p.parse_args(argv)
     rows = run_int8(args)
