@@ -349,8 +349,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
                    Output("--json", args.json), Output("--bundle", args.bundle, "new")],
                   models={"MODEL": args.model, "--cand-model": args.cand_model},
                   inputs={"--inputs": args.inputs, "--metric": metric_file if metric_file.endswith(".py") else None,
-                          "--preprocess": _code_file(args.preprocess)})
-    if args.preprocess and not args.inputs:
+                          "--preprocess": _code_file(args.preprocess),
+                          "--calib": None if args.calib is None or args.calib.isdigit() else args.calib})
+    if args.preprocess and not (args.inputs or args.calib):
         raise InputError("--preprocess needs a dataset", "pass --inputs DIR (a folder of images)")
     result = repair(
         args.model, args.ref, args.cand, cand_model=args.cand_model, feeds=args.inputs, target=args.target,
@@ -358,6 +359,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         verify=None if args.verify == "none" else args.verify, seed=args.seed, feed_count=args.feeds,
         memory_budget=args.memory_budget, preprocess=args.preprocess, workers=args.workers or 1,
         executor=args.executor, rewrites=not args.no_rewrites,
+        calibration=_feeds_arg(args.calib) if args.calib is not None else None,
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         progress=_progress_logger() if args.verbose else None,
     )
@@ -694,6 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "or path/file.py:function)")
     p.add_argument("--out", required=True, type=FILE_OUT, metavar="FIXED.onnx",
                    help="where to write the repaired model")
+    p.add_argument("--calib", metavar="FILE|DIR|N", help="INT8 calibration data for :int8 (.npz, a folder of .npz "
+                   "or of images with --preprocess, or N random feeds; default: the --inputs feeds)")
     p.add_argument("--nodes", nargs="+", metavar="NODE", help="search among these nodes (reference names, best "
                    "first) instead of the comparison's culprits")
     p.add_argument("--max-builds", type=COUNT, default=40, metavar="N", help="cap on candidate builds by the "

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..core.progress import Steps
 from . import culprits as ranking
+from . import qdq_impact
 from .explain import explain, reconcile
 from .floor import Floors
 from .impact import measure_impact
@@ -42,14 +43,15 @@ def run_plan(plan, steps: Steps) -> CompareResult:
                                     p.candidate, floor, crit.at_floor(m, floor)))
     culprits = _culprits(plan, measured, floors)
     t1 = time.perf_counter()
-    flagged = [c for c in culprits if c.introduces_divergence][:opts.impact]
+    qdq = opts.impact > 0 and qdq_impact.is_qdq(plan)  # INT8: measure the deployable fix, Q/DQ removal
+    flagged = [c for c in culprits if c.introduces_divergence][:qdq_impact.QDQ_IMPACT if qdq else opts.impact]
     if flagged and opts.culprits:
         with Ticker(steps.span(0.85, 1.0), 0.0, 1.0, f"measuring what fixing {len(flagged)} culprit(s) gains",
                     max(1.0, timing.get("layerwise_s", 1.0) / 2)) as tick:
-            ctx.builds += measure_impact(plan, flagged, notes, tick)
+            ctx.builds += (qdq_impact.measure_qdq_impact if qdq else measure_impact)(plan, flagged, notes, tick)
         for c in flagged:  # an explanation never blames the format for a node whose fix matters
             reconcile(c)
-        culprits = ranking.rank(culprits, crit)
+        culprits = qdq_impact.rank(culprits, crit) if qdq else ranking.rank(culprits, crit)
     timing["impact_s"] = time.perf_counter() - t1
     flagged = [c for c in culprits if c.introduces_divergence]
     shown = flagged[:opts.max_culprits] if flagged else culprits[:min(3, opts.max_culprits)]

@@ -48,8 +48,8 @@ BATCH = ("auto", "switch", "build")
 def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, cand_model: Any = None,
            feeds: Any = None, target: str | None = None, metric: Any = None, out: str | os.PathLike | None = None,
            nodes: Sequence[str] | None = None, max_builds: int = 40, max_pool: int = 64, batch: str = "auto",
-           verify: str | None = "ref", preprocess: str | Callable | None = None, workers: int = 1,
-           executor: str | None = None, rewrites: bool = True, progress: Progress | None = None,
+           verify: str | None = "ref", preprocess: str | Callable | None = None, calibration: Any = None,
+           workers: int = 1, executor: str | None = None, rewrites: bool = True, progress: Progress | None = None,
            cancel: threading.Event | None = None, **compare_options: Any) -> RepairResult:
     """Find a small set of nodes to keep in reference precision so that ``candidate`` meets ``target``.
 
@@ -66,7 +66,9 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     ``feeds``: feeds as compare() takes them, or a dataset (a folder of .npz, a folder of images with
     ``preprocess`` -- ``module:function`` or ``file.py:function`` taking an image path --, a
     :class:`~workbench.dataset.source.Dataset`, a generator, a DataLoader), read into memory within the memory
-    budget. ``workers``/``executor``: evaluate the search's candidate sets on N local processes or on Ray
+    budget. ``calibration``: INT8 calibration data for an ``:int8`` candidate (N random feeds, a file, a folder
+    of .npz or of images with ``preprocess``; default: ``feeds``; :mod:`workbench.repair.calibration`).
+    ``workers``/``executor``: evaluate the search's candidate sets on N local processes or on Ray
     (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. ``rewrites``: for FP16 candidates, first
     try rewrites that keep culprits in the candidate precision (:mod:`workbench.repair.rewrites`: a clamped constant
     restored, a BatchNormalization folded or rescaled), islands only for what they leave. Other keywords are
@@ -98,11 +100,16 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     for key, value in COMPARE_DEFAULTS.items():
         compare_options.setdefault(key, value)
     source = None
-    if feeds is None and preprocess is not None:
+    if feeds is None and preprocess is not None and calibration is None:
         raise RepairError("preprocess applies to a dataset, and no feeds were given",
                           "pass feeds= a folder of images (--inputs DIR), or drop preprocess")
     if feeds is not None and is_dataset(feeds, preprocess):
         model, source, feeds = _dataset_feeds(model, feeds, preprocess, compare_options, steps.check)
+    if calibration is not None:
+        from .calibration import resolve
+
+        model, compare_options["calibration_feeds"] = resolve(model, calibration, preprocess, compare_options,
+                                                              steps.check)
     plan = ComparisonPlan(model, reference, candidate, feeds=feeds, cand_model=cand_model, **compare_options)
     try:
         if source is not None:
@@ -173,6 +180,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             cancel, spec, rewrites=True) -> RepairResult:
     timing: dict[str, float] = {}
     notes: list[str] = []
+    if nodes is None:
+        from .qdq_order import measured_pool_only
+
+        measured_pool_only(plan, notes)
     result = plan.run(progress=steps.span(0.0, 0.45), cancel=cancel)
     builder = IslandBuilder(plan.cand_model, plan.ref_model)  # after the run: it indexes the candidate's nodes
     timing["compare_s"] = time.perf_counter() - t0
@@ -188,6 +199,16 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
+        if builder.kind == "qdq" and nodes is None and not before.met:
+            from .qdq_order import order_pool
+
+            pool, ordering = order_pool(ev, builder, pool, before, notes)
+            if ordering:
+                timing["qdq_order_s"] = ordering["seconds"]
+                notes.append(f"Q/DQ pool: {ordering['measured']} node(s) dequantized one at a time in one switchable "
+                             f"session on {ordering['feeds']} failing feed(s); "
+                             f"{ordering['helping']} help there, {ordering['met_alone']} meet the target alone on "
+                             "every feed")
         island_pool, base = pool, before
         if rewrites:  # rewrites first: they keep the nodes in the candidate precision
             rewritten, island_pool, base = rewrite_first(ev, pool, before, notes)

@@ -63,6 +63,12 @@ class IslandBuilder:
         self.ref_consts = ref_consts if ref_consts is not None else constants(reference)
         self.ref_nodes = ref_nodes if ref_nodes is not None else {n.name: n for n in reference.graph.node if n.name}
         self.position = self.idx.position
+        if self.kind == "qdq":  # Relu/Clip the quantizer folded into Q/DQ ranges (float readers need them back)
+            from .qdq_folded import folded_activations
+
+            self.folded = folded_activations(candidate, reference)
+        else:
+            self.folded = {}
 
     def check(self, nodes: Iterable[str]) -> list[str]:
         """``nodes`` deduplicated, each a top-level compute node of the candidate (else a one-line error)."""
@@ -270,7 +276,7 @@ class _Edit:
                 for dq in self._own_dequantize(o):
                     copy = self.copy_of(dq)
                     dq_out = copy.output[0]
-                    copy.CopyFrom(helper.make_node("Identity", [o], [dq_out], name=copy.name))
+                    copy.CopyFrom(helper.make_node("Identity", [self._activated(o)], [dq_out], name=copy.name))
             return
         island = onnx.NodeProto()
         island.CopyFrom(node)
@@ -285,13 +291,36 @@ class _Edit:
             island.output[j], original.output[j] = mine, orig
             post.append(helper.make_node("Where", [flag, mine, orig], [o],
                                          name=self.fresh(f"{node.name}/{PREFIX}_select{j}")))
+            mine_act = self._activated(o, mine, pos)
             for dq in self._own_dequantize(o):
                 copy = self.copy_of(dq)
                 dq_out, dq_orig = copy.output[0], self.fresh(f"{copy.output[0]}::orig")
                 copy.output[0] = dq_orig
                 self.after.setdefault(self.b.position[id(dq)], []).append(helper.make_node(
-                    "Where", [flag, mine, dq_orig], [dq_out], name=self.fresh(f"{copy.name}/{PREFIX}_select")))
+                    "Where", [flag, mine_act, dq_orig], [dq_out], name=self.fresh(f"{copy.name}/{PREFIX}_select")))
         self.after.setdefault(pos, []).extend(post)
+
+    def _activated(self, tensor: str, source: str | None = None, pos: int | None = None) -> str:
+        """``tensor`` (its float value ``source``, default itself) through the Relu/Clip the quantizer folded into
+        its Q/DQ range, built once per edit after ``source``'s producer; ``tensor`` itself when none was folded."""
+        ref = self.b.folded.get(tensor)
+        if ref is None:
+            return source or tensor
+        source = source or tensor
+        key = f"{source}\0act"
+        if key not in self.widened:
+            from .qdq_folded import activation_node
+
+            out = self.fresh(f"{tensor}::{ref.op_type.lower()}")
+            node, inits = activation_node(ref, source, out, self.fresh(f"{ref.name}::{PREFIX}_refolded"),
+                                          self.b.ref_consts, self.fresh)
+            self.model.graph.initializer.extend(inits)
+            if pos is None:
+                producer = self.idx.producer.get(tensor)
+                pos = self.b.position[id(producer)] if producer is not None else 0
+            self.after.setdefault(pos, []).append(node)
+            self.widened[key] = out
+        return self.widened[key]
 
     def _own_dequantize(self, tensor: str) -> list[onnx.NodeProto]:
         """DequantizeLinear nodes reading QuantizeLinear(``tensor``): the Q/DQ pair(s) on that output."""
@@ -309,7 +338,7 @@ class _Edit:
         src = p.input[0]
         q = self.idx.producer.get(src)
         if q is not None and q.op_type == "QuantizeLinear" and q.input:
-            return q.input[0]  # the float value (a kept producer's: the same name)
+            return self._activated(q.input[0])  # the float value (a kept producer's: the same name)
         if src in self.idx.consts:  # a quantized weight: the reference's float value
             base = src[: -len("_quantized")] if src.endswith("_quantized") else src
             return self._restore(src, base) or t

@@ -1,0 +1,267 @@
+"""INT8 anchors: `workbench repair --cand ort:int8` from the FP32 model against NNCF's
+``quantize_with_accuracy_control`` (ONNX backend), the same models, data and maximum drop.
+
+    python benchmarks/anchors_int8.py [--models ppocr-cls ppocr-rec] [--work DIR] [--out FILE]
+    (benchmarks/bench_repair_anchors.py imports run_int8(args) -> rows)
+
+Models: PP-OCR recognizer and direction classifier from the rapidocr wheels (scripts/fetch_models.py), prepared
+once as every tool's FP32 input (opset 13, Constant weights as initializers, ORT shape inference:
+scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops to calibrate on, 8 held-out crops to judge
+on (cls: every other one rotated 180 degrees). Task: the held-out crop decodes (rec, greedy CTC) / classifies
+(cls) as the FP32 model does; both tools must keep agreement at 1.0 (NNCF: ``max_drop=0.01`` absolute on the mean
+agreement over the 8 crops, i.e. none may change; ours: ``--metric ... --target '>=1'`` on every crop).
+
+Ours, one process: ``workbench repair FP32 --cand ort:int8 --calib CALIB --inputs HELDOUT --metric
+scripts/int8_qdq_truth.py:agree_rec --target '>=1' --out fixed.onnx --json r.json``. NNCF, one process:
+``nncf.quantize_with_accuracy_control`` with its defaults (``subset_size`` = the 8 calibration crops). Wall time
+and peak RSS per process (wait4). "high" = Conv/ConvTranspose/MatMul/Gemm nodes whose weight is not read through
+a DequantizeLinear (left in float), and the bytes of their float weights; the task is re-checked here
+independently on the written model (onnxruntime, decode against FP32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls"}
+MAX_DROP = 0.01
+WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+# --- data ------------------------------------------------------------------------------------------------------
+def prepare(model: str, work: Path) -> tuple[Path, Path, Path]:
+    """(prepared FP32 model, folder of calibration .npz, folder of held-out .npz)."""
+    import int8_qdq_truth as Q
+    from fetch_models import fetch
+
+    kind = KINDS[model]
+    fp32 = work / f"{model}.fp32.onnx"
+    if not fp32.exists():
+        Q.prepare(fetch(model), fp32)
+    return (fp32, Q.save_feeds(Q.calib_feeds(kind, "text"), work / f"{model}.calib"),
+            Q.save_feeds(Q.heldout_feeds(kind), work / f"{model}.heldout"))
+
+
+def _feeds(folder: Path) -> list[dict]:
+    out = []
+    for p in sorted(folder.glob("*.npz")):
+        with np.load(p) as z:
+            out.append({k: z[k] for k in z.files})
+    return out
+
+
+def _session(model):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    data = model if isinstance(model, (str, Path)) else model.SerializeToString()
+    return ort.InferenceSession(str(data) if isinstance(data, Path) else data, options,
+                                providers=["CPUExecutionProvider"])
+
+
+# --- what stays in float ---------------------------------------------------------------------------------------
+def high_precision(path: Path) -> tuple[int, int]:
+    """(weighted nodes whose weight is not read through a DequantizeLinear, bytes of their float weights)."""
+    import onnx
+
+    m = onnx.load(str(path))
+    producer = {o: n for n in m.graph.node for o in n.output}
+    inits = {t.name: t for t in m.graph.initializer}
+    nodes = weight_bytes = 0
+    for n in m.graph.node:
+        if n.op_type not in WEIGHTED or len(n.input) < 2:
+            continue
+        p = producer.get(n.input[1])
+        if p is not None and p.op_type == "DequantizeLinear":
+            continue
+        nodes += 1
+        for name in n.input[1:]:
+            t = inits.get(name)
+            if t is not None and t.data_type == onnx.TensorProto.FLOAT:
+                weight_bytes += int(np.prod(t.dims)) * 4
+    return nodes, weight_bytes
+
+
+def task_met(kind: str, fp32: Path, model: Path, heldout: Path) -> bool:
+    """Independent re-check: every held-out crop decodes / classifies as in FP32 on onnxruntime."""
+    import int8_qdq_truth as Q
+
+    feeds = _feeds(heldout)
+    ref, cand = _session(fp32), _session(model)
+    refs = [ref.run(None, f)[0] for f in feeds]
+    cands = [cand.run(None, f)[0] for f in feeds]
+    return bool(Q.task_score(kind, refs, cands)["healthy"])
+
+
+# --- the tools ---------------------------------------------------------------------------------------------------
+def _run(argv: list[str]) -> dict:
+    """Run ``argv``; wall seconds, the child's peak RSS (MiB, wait4), exit code and output."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    import threading
+
+    chunks: dict[str, str] = {}
+    readers = [threading.Thread(target=lambda k, s: chunks.__setitem__(k, s.read()), args=(k, s))
+               for k, s in (("out", proc.stdout), ("err", proc.stderr))]
+    for r in readers:
+        r.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    for r in readers:
+        r.join()
+    return {"wall_s": time.perf_counter() - start, "rss_mib": usage.ru_maxrss / 1024,
+            "rc": os.waitstatus_to_exitcode(status), "stdout": chunks.get("out", ""), "stderr": chunks.get("err", "")}
+
+
+def ours(model: str, fp32: Path, calib: Path, heldout: Path, work: Path) -> dict:
+    kind = KINDS[model]
+    out, js = work / f"{model}.ours.int8.onnx", work / f"{model}.ours.json"
+    for p in (out, js):
+        p.unlink(missing_ok=True)
+    r = _run([sys.executable, "-m", "workbench", "repair", str(fp32), "--ref", "ort", "--cand", "ort:int8",
+              "--calib", str(calib), "--inputs", str(heldout), "--metric", f"scripts/int8_qdq_truth.py:agree_{kind}",
+              "--target", ">=1", "--verify", "none", "--max-builds", "60", "--out", str(out), "--json", str(js)])
+    row = _row(model, "workbench repair", r)
+    if not out.exists():
+        row["note"] = _error(r)
+        return row
+    doc = json.loads(js.read_text())
+    row["met"] = task_met(kind, fp32, out, heldout)
+    row["high_nodes"], row["high_weight_bytes"] = high_precision(out)
+    row["note"] = f"kept {len(doc.get('kept', []))} node(s) in float ({', '.join(doc.get('kept', [])[:4])})"
+    return row
+
+
+def nncf(model: str, fp32: Path, calib: Path, heldout: Path, work: Path) -> dict:
+    out = work / f"{model}.nncf.int8.onnx"
+    out.unlink(missing_ok=True)
+    r = _run([sys.executable, str(Path(__file__).resolve()), "--nncf-one", model, str(fp32), str(calib), str(heldout),
+              str(out)])
+    row = _row(model, "nncf accuracy control", r)
+    if not out.exists():
+        row["note"] = _error(r)
+        return row
+    row["met"] = task_met(KINDS[model], fp32, out, heldout)
+    row["high_nodes"], row["high_weight_bytes"] = high_precision(out)
+    row["note"] = r["stdout"].strip().splitlines()[-1] if r["stdout"].strip() else ""
+    return row
+
+
+def _nncf_one(model: str, fp32: str, calib: str, heldout: str, out: str) -> int:
+    """In a child process: NNCF's accuracy control on the ONNX model, saved to ``out``."""
+    import logging
+
+    import nncf
+    import onnx
+
+    logging.getLogger("nncf").setLevel(logging.WARNING)
+    import int8_qdq_truth as Q
+
+    fn = Q.agree_rec if KINDS[model] == "rec" else Q.agree_cls
+    proto = onnx.load(fp32)
+    ref = _session(proto)
+    name = ref.get_inputs()[0].name
+    out_name = ref.get_outputs()[0].name
+    calib_items = [f[name] for f in _feeds(Path(calib))]
+    val_items = [(f[name], ref.run(None, f)[0]) for f in _feeds(Path(heldout))]
+
+    def validate(m, data):
+        s = _session(m)
+        values = [fn({out_name: y}, {out_name: s.run(None, {name: x})[0]}) for x, y in data]
+        return float(np.mean(values)), values
+
+    quantized = nncf.quantize_with_accuracy_control(
+        proto, nncf.Dataset(calib_items, lambda x: {name: x}), nncf.Dataset(val_items, lambda item: item),
+        validate, max_drop=MAX_DROP, drop_type=nncf.DropType.ABSOLUTE, subset_size=len(calib_items))
+    onnx.save(quantized, out)
+    print(f"nncf {nncf.__version__}: validation metric {validate(quantized, val_items)[0]:.3f}")
+    return 0
+
+
+def _row(model: str, tool: str, r: dict) -> dict:
+    return {"model": model, "tool": tool, "precision": "int8", "met": None, "high_nodes": None,
+            "high_weight_bytes": None, "wall_s": round(r["wall_s"], 1), "rss_mib": round(r["rss_mib"]),
+            "note": ""}
+
+
+def _error(r: dict) -> str:
+    lines = [ln for ln in (r["stderr"] + r["stdout"]).strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+    return f"exit {r['rc']}: {(errors or lines or ['no output'])[-1].strip()[:300]}"
+
+
+def run_int8(args=None) -> list[dict]:
+    """Rows for both tools on every model (keys: model, tool, precision, met, high_nodes, high_weight_bytes,
+    wall_s, rss_mib, note). ``args``: anything with optional ``models`` (those of :data:`KINDS` are run; none of
+    them: all of them) and ``work`` (a folder; ours goes in its ``int8/``) attributes."""
+    import importlib.util
+
+    models = [m for m in (getattr(args, "models", None) or ()) if m in KINDS] or list(KINDS)
+    given = getattr(args, "work", None)
+    work = Path(given) / "int8" if given else Path.home() / ".cache" / "workbench-anchors-int8"
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model in models:
+        fp32, calib, heldout = prepare(model, work)
+        rows.append(ours(model, fp32, calib, heldout, work))
+        if importlib.util.find_spec("nncf") is None:
+            row = _row(model, "nncf accuracy control", {"wall_s": 0.0, "rss_mib": 0})
+            row["note"] = "nncf is not installed (pip install 'onnx-drift-workbench[anchors]')"
+            rows.append(row)
+        else:
+            rows.append(nncf(model, fp32, calib, heldout, work))
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    cols = ("model", "tool", "precision", "met", "high_nodes", "high_weight_bytes", "wall_s", "rss_mib", "note")
+    cell = {True: "yes", False: "no", None: "-"}
+    table = [cols] + [tuple(cell.get(r[c], str(r[c])) if not isinstance(r[c], (int, float)) or isinstance(r[c], bool)
+                            else str(r[c]) for c in cols) for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(len(cols) - 1)]
+    lines = ["  ".join([*(v.ljust(w) for v, w in zip(t[:-1], widths)), t[-1]]).rstrip() for t in table]
+    by = {}
+    for r in rows:
+        by.setdefault(r["model"], {})[r["tool"]] = r
+    for model, tools in by.items():
+        a, b = tools.get("workbench repair"), tools.get("nncf accuracy control")
+        if a and b and a["met"] and b["met"] and a["wall_s"] and b["wall_s"]:
+            lines.append(f"{model}: NNCF's wall time / ours = {b['wall_s'] / a['wall_s']:.2f} (target >= 5) at the "
+                         f"same drop; weighted nodes left in float: ours {a['high_nodes']}, NNCF {b['high_nodes']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--nncf-one"]:
+        return _nncf_one(*argv[1:6])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(KINDS), choices=list(KINDS))
+    p.add_argument("--work", help="models and data are written under WORK/int8 (default "
+                   "~/.cache/workbench-anchors-int8)")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "anchors_int8.txt"))
+    args = p.parse_args(argv)
+    rows = run_int8(args)
+    text = render(rows)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(f"$ python benchmarks/anchors_int8.py {' '.join(argv)}\n{text}\n")
+    tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

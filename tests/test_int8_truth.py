@@ -1,0 +1,99 @@
+"""INT8 against exhaustive truth on a real model (issue 23, item 3): the PP-OCR direction classifier quantized by
+ONNX Runtime's own ``quantize_static`` on a mismatched (blank) calibration set, which flips a held-out crop's class.
+
+The truth is computed here without the workbench (scripts/int8_qdq_truth.py): onnxruntime runs the FP32 and the
+Q/DQ models on rendered crops, the class is read by argmax, and the culprit truth is the exhaustive sweep --
+every quantized node dequantized back to float alone, the task re-measured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+
+from workbench.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import int8_qdq_truth as Q  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cls_case(tmp_path_factory, fetch_model):
+    """(prepared FP32 classifier, its quantize_static Q/DQ model calibrated on blank images, held-out feeds)."""
+    work = tmp_path_factory.mktemp("int8_truth")
+    fp32 = Q.prepare(fetch_model("ppocr-cls"), work / "cls.fp32.onnx")
+    qdq = Q.quantize(fp32, work / "cls.minmax.blank.onnx", Q.calib_feeds("cls", "blank"), "MinMax", False)
+    return fp32, qdq, Q.heldout_feeds("cls"), work
+
+
+def _classes(model, feeds) -> list[int]:
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return [int(session.run(None, f)[0][0].argmax()) for f in feeds]
+
+
+def test_top_culprit_of_a_harmful_quantize_static_model_is_in_the_sweeps_top_3(cls_case):
+    from workbench.compare.api import compare
+
+    fp32, qdq, feeds, _ = cls_case
+    runner = Q.Runner("cls", fp32, feeds, level="extended")
+    model = onnx.load(str(qdq))
+    assert not runner.score(model)["healthy"], "the blank calibration must flip a held-out class"
+    rows = Q.sweep(runner, model)
+    assert len(rows) > 150  # every quantized node of the classifier
+    result = compare(str(fp32), "ort", "ort", cand_model=str(qdq), feeds=feeds)
+    assert result.diverged
+    top = result.culprits[0].node
+    rank = Q.rank_of(top, rows)
+    assert rank is not None and rank <= 3, (top, rank, [n for n, _ in rows[:5]])
+
+
+def test_repair_of_the_quantize_static_model_removes_one_pair_and_restores_every_class(cls_case):
+    from workbench.repair.api import repair
+
+    fp32, qdq, feeds, _ = cls_case
+    want = _classes(fp32, feeds)
+    assert _classes(qdq, feeds) != want
+    result = repair(str(fp32), "ort", "ort", cand_model=str(qdq), feeds=feeds, metric=Q.agree_cls, target=">=1",
+                    verify=None)
+    assert result.met
+    assert len(result.kept) == 1  # the minimum: the Q/DQ model fails as is, so at least one pair must go
+    assert _classes(result.model, feeds) == want
+    dq = {n.name for n in onnx.load(str(qdq)).graph.node if n.op_type == "DequantizeLinear"}
+    assert len([n for n in result.model.graph.node if n.op_type == "DequantizeLinear"]) < len(dq)
+
+
+def test_cli_repair_int8_from_fp32_with_calibration_data(cls_case, tmp_path, capsys):
+    """``--calib 8``: eight seeded standard-normal feeds, twice the input's [-1, 1] range: the INT8 variant flips
+    one of 24 held-out crops until repair dequantizes what it needs."""
+    fp32, _, _, _ = cls_case
+    feeds = Q.heldout_feeds("cls", 24)
+    inputs = Q.save_feeds(feeds, tmp_path / "heldout")
+    out, js = tmp_path / "cls.int8.onnx", tmp_path / "r.json"
+    code = main(["repair", str(fp32), "--cand", "ort:int8", "--calib", "8", "--input-shapes", "x:[1,3,48,192]",
+                 "--inputs", str(inputs), "--metric", f"{REPO / 'scripts' / 'int8_qdq_truth.py'}:agree_cls",
+                 "--target", ">=1", "--verify", "none", "--out", str(out), "--json", str(js)])
+    capsys.readouterr()
+    doc = json.loads(js.read_text())
+    assert code == 0 and doc["met"]
+    assert not doc["before"]["met"], "calibrated on random feeds, the INT8 variant must flip a held-out class"
+    repaired = onnx.load(str(out))
+    assert sum(n.op_type == "QuantizeLinear" for n in repaired.graph.node) > 100  # still an INT8 model
+    assert _classes(out, feeds) == _classes(fp32, feeds)
+    assert 1 <= len(doc["kept"]) <= 3
+
+
+def test_cli_repair_calib_needs_a_usable_value(cls_case, tmp_path, capsys):
+    fp32, _, _, _ = cls_case
+    for calib, said in ((str(tmp_path / "missing"), "missing"), ("0", "at least one feed")):
+        code = main(["repair", str(fp32), "--cand", "ort:int8", "--calib", calib, "--input-shapes", "x:[1,3,48,192]",
+                     "--out", str(tmp_path / "x.onnx")])
+        err = capsys.readouterr().err
+        assert code == 2 and said in err and "Traceback" not in err, err

@@ -1,0 +1,103 @@
+"""Impact of culprits of a Q/DQ (INT8) candidate: what the outputs gain when that node's Q/DQ pairs are removed.
+
+:mod:`workbench.compare.impact` patches a culprit's output with the reference's value, which for INT8 also
+erases every error accumulated upstream: the later a node, the more its patch "gains", whoever caused the error.
+For a Q/DQ candidate the fix a user can deploy is dequantizing that node (its inputs read in float, its float
+weights restored, the pair on its output dropped: what ``workbench repair`` writes), so that is what is measured
+here, for up to :data:`QDQ_IMPACT` culprits in ONE switchable session (each node's float twin beside it behind a
+boolean input; :meth:`workbench.repair.islands.IslandBuilder.switchable`): a run per culprit and feed. Culprits
+are then ranked by that gain (:func:`rank`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..core.metrics import ErrorStats
+from ..errors import EngineRunError
+from .impact import impact_record
+
+log = logging.getLogger(__name__)
+
+#: most culprits whose Q/DQ removal is measured
+QDQ_IMPACT = 256
+
+
+def is_qdq(plan) -> bool:
+    """The candidate model holds QuantizeLinear/DequantizeLinear nodes."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in plan.cand_model.graph.node)
+
+
+def measure_qdq_impact(plan, culprits: list, notes: list[str], step=None, limit: int = QDQ_IMPACT) -> int:
+    """Set ``impact`` on the culprits that are quantized nodes of the candidate (up to ``limit``, in order);
+    returns the candidate builds used (0 or 1)."""
+    from ..repair.islands import IslandBuilder
+    from ..repair.qdq_order import quantized_nodes
+
+    outputs = [p for p in plan.pairs if p.tensor in set(plan.ref_graph.outputs)]
+    if not outputs or not culprits:
+        return 0
+    builder = IslandBuilder(_in_memory(plan.cand_model), _in_memory(plan.ref_model), "qdq")
+    quantized = set(quantized_nodes(builder))
+    chosen = [c for c in culprits if c.node in quantized][:limit]
+    if not chosen:
+        return 0
+    names = list(dict.fromkeys(c.node for c in chosen))
+    try:
+        model, flags = builder.switchable(names)
+        session = plan.cand_engine.prepare(model, [o.candidate for o in outputs])
+    except EngineRunError as e:
+        notes.append(f"Q/DQ impact not measured: the candidate engine refused the switchable model ({e})")
+        log.warning("Q/DQ impact not measured: %s", e)
+        return 1
+    base = {o.tensor: ErrorStats() for o in outputs}
+    fixed = {n: {o.tensor: ErrorStats() for o in outputs} for n in names}
+    off = {f: np.array(False) for f in flags.values()}
+    try:
+        with plan.ref_engine.prepare(plan.ref_model, [o.tensor for o in outputs]) as ref_session:
+            for fi, (feed, cfeed) in enumerate(zip(plan.feeds, plan.cand_feeds)):
+                if step is not None:
+                    step(fi / len(plan.feeds), f"Q/DQ removal of {len(names)} culprits: feed {fi + 1}/"
+                         f"{len(plan.feeds)}")
+                ref = ref_session.run(feed)
+                got = session.run({**cfeed, **off})
+                for o in outputs:
+                    base[o.tensor].update(ref[o.tensor], got[o.candidate])
+                for n in names:
+                    got = session.run({**cfeed, **off, flags[n]: np.array(True)})
+                    for o in outputs:
+                        fixed[n][o.tensor].update(ref[o.tensor], got[o.candidate])
+    finally:
+        session.close()
+    metric = plan.criterion.metric
+    before = {o: s.metrics() for o, s in base.items()}
+    for c in chosen:
+        c.impact = impact_record(metric, before, {o: s.metrics() for o, s in fixed[c.node].items()})
+        c.impact["fixed"] = "its Q/DQ pairs removed (float inputs, float weights, float output)"
+    return 1
+
+
+def _in_memory(model):
+    """``model`` with its weights in memory (compare() keeps weight-free skeletons whose weights sit in files)."""
+    from ..engines.files import files_for
+
+    files = files_for(model)
+    return files.materialize(model) if files is not None else model
+
+
+def rank(culprits: list, crit) -> list:
+    """Measured first (harmful before harmless), by what removing the node's Q/DQ gains on the outputs; then the
+    unmeasured (nodes the quantizer removed, such as a Relu folded into its QuantizeLinear, cannot be dequantized
+    alone) in the error-introduced order of :func:`workbench.compare.culprits.rank`."""
+    from . import culprits as ranking
+
+    base = {id(c): i for i, c in enumerate(ranking.rank(culprits, crit))}
+
+    def key(c):
+        measured = c.impact is not None and "best_gain_db" in c.impact
+        gain = c.impact["best_gain_db"] if measured else 0.0
+        return (not measured, c.harmless, -gain, base[id(c)])
+
+    return sorted(culprits, key=key)

@@ -1,0 +1,136 @@
+"""Q/DQ candidates: the repair pool ordered by what dequantizing each node alone does to the target.
+
+A culprit's own error (the node run alone) says where INT8 error appears, not which Q/DQ pair the task needs
+removed: after a poor calibration every node adds error, and the outputs may turn on a pair the culprit list
+never names. So for a Q/DQ candidate the pool is widened to every compute node that touches a Q/DQ pair
+(culprits first, up to :data:`QDQ_POOL`), each one's removal is measured alone against the repair target
+(the task metric or the output criterion) in ONE switchable session (:meth:`IslandBuilder.switchable`: each
+node's float twin beside it, a boolean input per node; one build), on the feeds that fail the target as the
+candidate stands (up to :data:`FEEDS`: a run per node and such feed), and the pool is ordered best first: nodes
+whose removal alone meets the target on every feed (up to :data:`CONFIRM` of those meeting it there are checked
+on all feeds), then by failing feeds, by how bad the worst is, and by the outputs' error there (nodes that help
+before those that do not). The search (:mod:`workbench.repair.search`) then grows
+prefixes of that order and shrinks to a 1-minimal set, building each set as the deployed model computes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..core.floats import decode_float
+from ..errors import EngineRunError
+from .graph import QDQ_OPS
+from .islands import IslandBuilder
+
+log = logging.getLogger(__name__)
+
+#: most nodes measured alone for a Q/DQ candidate (culprits first, then the graph's other quantized nodes)
+QDQ_POOL = 512
+#: feeds each node is measured on: those failing the target with nothing removed (else the first ones)
+FEEDS = 8
+#: nodes meeting the target alone on those feeds that are checked on every feed (they go first when they hold)
+CONFIRM = 32
+
+
+def quantized_nodes(builder: IslandBuilder) -> list[str]:
+    """Named top-level compute nodes of the candidate that read a DequantizeLinear output or feed a
+    QuantizeLinear, in graph order."""
+    idx = builder.idx
+    out = []
+    for node in idx.nodes:
+        if not node.name or node.op_type in QDQ_OPS or node.name in idx.sub_names:
+            continue
+        reads = any((p := idx.producer.get(i)) is not None and p.op_type == "DequantizeLinear" for i in node.input)
+        writes = any(c.op_type == "QuantizeLinear" for o in node.output if o for c in idx.consumers.get(o, []))
+        if reads or writes:
+            out.append(node.name)
+    return out
+
+
+def measured_pool_only(plan, notes: list[str]) -> bool:
+    """For a Q/DQ candidate, skip the comparison's culprit isolation and impact (``plan.options.culprits`` off):
+    :func:`order_pool` measures every quantized node's removal against the target itself. True when skipped."""
+    if not plan.options.culprits or not any(n.op_type in QDQ_OPS for n in plan.cand_model.graph.node):
+        return False
+    plan.options = plan.options.replace(culprits=False)
+    notes.append("Q/DQ candidate: the pool is every quantized node, each one's Q/DQ removal measured against the "
+                 "target (no culprit isolation)")
+    return True
+
+
+def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes: list[str],
+               limit: int = QDQ_POOL) -> tuple[list[str], dict]:
+    """(pool ordered by single-node effect, a summary for the result). ``ev``: the repair's Evaluator (its
+    feeds, reference outputs, target and judge); ``baseline``: its evaluation with nothing kept."""
+    known = set(builder.idx.by_name)
+    nodes = [n for n in dict.fromkeys([*pool, *quantized_nodes(builder)]) if n in known]
+    nodes = [n for n in nodes if builder.idx.by_name[n].op_type not in QDQ_OPS][:limit]
+    if not nodes:
+        return list(pool), {}
+    t0 = time.perf_counter()
+    plan = ev.plan
+    try:
+        model, flags = builder.switchable(nodes)
+        session = plan.cand_engine.prepare(model, [c for _, c in ev.outputs])
+    except EngineRunError as e:
+        notes.append(f"Q/DQ pool not measured node by node: the candidate engine refused the switchable model ({e})")
+        log.warning("Q/DQ single-node ordering skipped: %s", e)
+        return list(pool), {}
+    ev.builds_by_role["ranking"] = ev.builds_by_role.get("ranking", 0) + 1
+    off = {f: np.array(False) for f in flags.values()}
+    feeds = plan.cand_feeds
+    judged = {}
+    try:
+        base_runs = [session.run({**cfeed, **off}) for cfeed in feeds]
+        failing = [i for i, r in enumerate(base_runs) if not _judge(ev, [i], [r]).met]
+        chosen = (failing or list(range(len(feeds))))[:FEEDS]
+        base = _judge(ev, chosen, [base_runs[i] for i in chosen])
+        for k, node in enumerate(nodes):
+            if ev.step is not None and k % 16 == 0:
+                ev.step(0.0, f"Q/DQ removal measured alone: node {k + 1}/{len(nodes)}")
+            on = {**off, flags[node]: np.array(True)}
+            judged[node] = _judge(ev, chosen, [session.run({**feeds[i], **on}) for i in chosen])
+        crit = ev.target.criterion
+
+        def score(j):  # met first, then fewer failing feeds, a better worst value, better outputs
+            outputs = max((crit.badness({crit.metric: decode_float(o.get(crit.metric))})
+                           for o in j.outputs.values()), default=0.0)
+            return (not j.met, j.failing, j.badness, outputs)
+
+        ranked = sorted(nodes, key=lambda n: score(judged[n]))
+        confirmed = []  # meeting the target there alone: checked on every feed (a fix may break another feed)
+        for node in [n for n in ranked if judged[n].met][:CONFIRM]:
+            on = {**off, flags[node]: np.array(True)}
+            whole = _judge(ev, list(range(len(feeds))), [session.run({**f, **on}) for f in feeds])
+            if whole.met:
+                confirmed.append(node)
+    finally:
+        session.close()
+    ranked = confirmed + [n for n in ranked if n not in set(confirmed)]
+    helping = [n for n in ranked if score(judged[n]) < score(base)]
+    ordered = helping + [n for n in ranked if n not in set(helping)]
+    summary = {"feeds": len(chosen), "measured": len(nodes), "helping": len(helping),
+               "met_alone": len(confirmed), "seconds": round(time.perf_counter() - t0, 3),
+               "top": helping[:5]}
+    log.info("Q/DQ pool: %d node(s) measured alone in %.1fs; %d help, %d meet the target alone", len(nodes),
+             summary["seconds"], len(helping), summary["met_alone"])
+    return ordered, summary
+
+
+def _judge(ev, indices: list[int], results: list[dict]):
+    """The target's judgement of ``results`` (candidate outputs of the feeds at ``indices``), as
+    :meth:`Evaluator.judge_outputs` judges all feeds."""
+    from ..core.metrics import ErrorStats
+
+    per_feed, task = [], []
+    for i, got in zip(indices, results):
+        ref = ev.ref_outputs[i]
+        cand = {r: got[c] for r, c in ev.outputs}
+        per_feed.append({r: ErrorStats().update(ref[r], cand[r]).metrics() for r, _ in ev.outputs})
+        if ev.target.metric is not None:
+            task.append(ev.target.task_value(ref, cand))
+    return ev.target.judge(per_feed, task)
