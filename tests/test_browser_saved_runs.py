@@ -1,8 +1,8 @@
 """Runs that survive a kernel restart (issue 22), in a real browser (JupyterLab + headless Chromium): run a
 comparison in the Workbench, restart the kernel (nothing of the run is left in memory), show the Workbench again,
 pick the saved run and press Reopen: every tab shows it as ``run #N, reopened from BUNDLE`` and its numbers are the
-original run's (read in the kernel, and in the Compare, Errors and Graph tabs). The runs go to the test session's
-``$WORKBENCH_RUNS_DIR`` (tests/conftest.py), which the JupyterLab kernels inherit."""
+original run's (read in the kernel, and in the Compare, Errors and Graph tabs). The runs go to
+``$WORKBENCH_RUNS_DIR``: a folder of this test's own, which the notebook's first cell sets in each kernel."""
 
 from __future__ import annotations
 
@@ -52,7 +52,12 @@ def test_a_run_is_reopened_after_a_kernel_restart_with_its_numbers(lab_page, art
     lab, page, errors = lab_page
     console: list[str] = []
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
-    name = lab.write_notebook("saved_runs.ipynb", CELLS)
+    # a runs folder of this test's own (set by the first cell, again after the restart): other browser tests of the
+    # session save runs of the same sample model into the session's folder, which would list them here too
+    runs = artifacts / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    cells = [f"import os\nos.environ['WORKBENCH_RUNS_DIR'] = {str(runs)!r}\n" + CELLS[0], *CELLS[1:]]
+    name = lab.write_notebook("saved_runs.ipynb", cells)
     H.open_notebook(page, lab, name)
     H.run_cell(page, 0, wait=True)
     wb = _workbench(page)
