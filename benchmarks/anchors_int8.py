@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from peak_rss import peak_mib, wrap
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -108,7 +109,8 @@ def task_met(kind: str, fp32: Path, model: Path, heldout: Path) -> bool:
 def _run(argv: list[str]) -> dict:
     """Run ``argv``; wall seconds, the child's peak RSS (MiB, wait4), exit code and output."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
+    proc = subprocess.Popen(launch, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     import threading
 
@@ -120,7 +122,7 @@ def _run(argv: list[str]) -> dict:
     _, status, usage = os.wait4(proc.pid, 0)
     for r in readers:
         r.join()
-    return {"wall_s": time.perf_counter() - start, "rss_mib": usage.ru_maxrss / 1024,
+    return {"wall_s": time.perf_counter() - start, "rss_mib": peak_mib(rss_file, usage.ru_maxrss),
             "rc": os.waitstatus_to_exitcode(status), "stdout": chunks.get("out", ""), "stderr": chunks.get("err", "")}
 
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from peak_rss import peak_mib, wrap
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -37,6 +38,7 @@ from pathlib import Path
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
 
 model, feeds_dir, out, work = sys.argv[1:5]
 feeds = [dict(np.load(f)) for f in sorted(Path(feeds_dir).glob("*.npz"))]
@@ -63,10 +65,11 @@ Path(out).write_text(json.dumps(bounds))
 def measure(argv: list[str], cwd: Path) -> dict:
     """Run ``argv``; wall seconds, peak RSS (MiB) of that child, exit code, output."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
+    proc = subprocess.Popen(launch, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
-    return {"wall_s": time.perf_counter() - start, "rss_mib": usage.ru_maxrss / 1024,
+    return {"wall_s": time.perf_counter() - start, "rss_mib": peak_mib(rss_file, usage.ru_maxrss),
             "rc": os.waitstatus_to_exitcode(status), "output": out}
 
 

@@ -41,6 +41,8 @@ import threading
 import time
 from pathlib import Path
 
+from peak_rss import peak_mib, wrap
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).resolve().parent
@@ -78,6 +80,7 @@ CONVERT = (  # past protobuf's 2 GB, as its users must: no in-memory shape infer
 # only typed float outputs back to float32); a tensor inference could not type is marked untyped.
 FLOOR = """
 import sys
+
 import numpy as np, onnx, onnxruntime as ort
 from onnxruntime.transformers.float16 import convert_float_to_float16
 model = onnx.load(sys.argv[1])
@@ -139,7 +142,8 @@ def measure(argv: list[str], cwd: Path, timeout: float | None = None, cap_mib: f
 
     with tempfile.TemporaryFile(mode="w+") as log:  # a file, not a pipe: nothing to drain while waiting
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True,
+        launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
+        proc = subprocess.Popen(launch, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         timer = threading.Timer(timeout, kill) if timeout else None
         if timer:
@@ -158,8 +162,9 @@ def measure(argv: list[str], cwd: Path, timeout: float | None = None, cap_mib: f
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         out = log.read()
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mib": usage.ru_maxrss / 1024,
-            "rc": proc.returncode, "output": out, "timed_out": killed.is_set(), "over_cap": over or None}
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "rss_mib": peak_mib(rss_file, usage.ru_maxrss), "rc": proc.returncode,
+            "output": out, "timed_out": killed.is_set(), "over_cap": over or None}
 
 
 def _bert():

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peak_rss import peak_mib, wrap
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -33,10 +35,11 @@ BIN = Path(sys.executable).parent
 def measure(argv: list[str]) -> dict:
     """Run ``argv``; wall seconds, peak RSS (MiB) of that child, exit code; stderr passes through (progress)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
+    proc = subprocess.Popen(launch, cwd=REPO, stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
-    return {"wall_s": time.perf_counter() - start, "rss_mib": usage.ru_maxrss / 1024,
+    return {"wall_s": time.perf_counter() - start, "rss_mib": peak_mib(rss_file, usage.ru_maxrss),
             "rc": os.waitstatus_to_exitcode(status), "output": out}
 
 

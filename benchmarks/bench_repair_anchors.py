@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from peak_rss import peak_mib, wrap
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -178,7 +179,8 @@ def measure(argv: list[str], env: dict | None = None, timeout: float = 1800) -> 
     the tail of its output."""
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+        launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
+        proc = subprocess.Popen(launch, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
                                 preexec_fn=_cap)
         deadline = start + timeout
         while True:
@@ -193,8 +195,8 @@ def measure(argv: list[str], env: dict | None = None, timeout: float = 1800) -> 
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         out = log.read()
-    return {"wall_s": time.perf_counter() - start, "rss_mib": usage.ru_maxrss / 1024, "rc": proc.returncode,
-            "output": out[-4000:]}
+    return {"wall_s": time.perf_counter() - start, "rss_mib": peak_mib(rss_file, usage.ru_maxrss),
+            "rc": proc.returncode, "output": out[-4000:]}
 
 
 def _error(run: dict) -> str:
