@@ -20,6 +20,9 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from peak_rss import peak_mib, wrap  # noqa: E402 - the benchmarks' launcher (its docstring says why)
+
 #: a lock file shared with other multi-GB jobs on a developer's machine (``flock``); unset (CI): no lock
 LOCK = os.environ.get("WORKBENCH_BIG_LOCK")
 WIDTH = 1024
@@ -92,21 +95,6 @@ def write_feeds(folder: Path, count: int = 2, width: int = WIDTH, rows: int = 19
     return folder
 
 
-#: started between the test and the CLI: a child's ru_maxrss counts its parent's pages at fork/exec, so a CLI
-#: spawned straight from a pytest worker grown to GBs would report the worker's size; this small parent reports the
-#: CLI's own peak (``wait4``) into the file named by argv[1] and exits as the CLI did
-_LAUNCH = """
-import os, signal, subprocess, sys
-proc = subprocess.Popen(sys.argv[2:])
-_, status, usage = os.wait4(proc.pid, 0)
-with open(sys.argv[1], "w") as fh:
-    fh.write(str(usage.ru_maxrss))
-code = os.waitstatus_to_exitcode(status)
-if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-sys.exit(code)
-"""
 
 
 def run_cli(args: list[str], *, env: dict | None = None, cap_bytes: int = 6 << 30, lock: bool = True,
@@ -122,8 +110,8 @@ def run_cli(args: list[str], *, env: dict | None = None, cap_bytes: int = 6 << 3
         cmd = ["flock", LOCK, *cmd]
     t0 = time.perf_counter()
     out_path = Path(full_env.get("TMPDIR", "/tmp")) / f"bigmodel-cli-{os.getpid()}-{time.monotonic_ns()}.log"
-    rss_path = out_path.with_suffix(".rss")
-    cmd = [sys.executable, "-c", _LAUNCH, str(rss_path), *cmd]
+    # through a small launcher: a child's ru_maxrss counts the pages of the pytest worker (GBs) it was forked from
+    cmd, rss_path = wrap(cmd)
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
         stop = threading.Event()
@@ -157,9 +145,4 @@ def run_cli(args: list[str], *, env: dict | None = None, cap_bytes: int = 6 << 3
         proc.returncode = os.waitstatus_to_exitcode(status)
     text = out_path.read_text(errors="replace")
     out_path.unlink()
-    try:
-        peak_kib = int(rss_path.read_text())
-        rss_path.unlink()
-    except (OSError, ValueError):  # killed before it could write: the launcher's own figure (an upper bound)
-        peak_kib = usage.ru_maxrss
-    return proc.returncode, text, peak_kib * 1024, time.perf_counter() - t0
+    return proc.returncode, text, int(peak_mib(rss_path, usage.ru_maxrss) * 1024 * 1024), time.perf_counter() - t0

@@ -276,12 +276,10 @@ class ComparisonPlan:
         return pair.candidate if pair is not None else (self.views.get(tensor) or tensor)
 
     def describe_engines(self) -> dict:
-        return {"reference": _describe(self.ref_engine), "candidate": _describe(self.cand_engine),
-                "workbench": __version__}
+        return engines_json(self)
 
     def precision_json(self) -> dict:
-        return {side: {"precision": p.precision, "precision_source": p.source, "family": p.family}
-                for side, p in (("reference", self.ref_precision), ("candidate", self.cand_precision))}
+        return precisions_json(self)
 
     # --- running -------------------------------------------------------------------------------------------
     def run(self, progress: Progress | None = None, cancel: threading.Event | None = None):
@@ -301,6 +299,18 @@ class ComparisonPlan:
             close = getattr(engine, "close", None)
             if callable(close) and engine is not None and type(engine).__name__ == "IsolatedEngine":
                 close()
+
+
+def engines_json(plan) -> dict:
+    """Both engines' descriptions and the workbench version, for a plan (whole-model or streamed)."""
+    return {"reference": _describe(plan.ref_engine), "candidate": _describe(plan.cand_engine),
+            "workbench": __version__}
+
+
+def precisions_json(plan) -> dict:
+    """Each side's precision, where it came from, and its family, for a plan (whole-model or streamed)."""
+    return {side: {"precision": p.precision, "precision_source": p.source, "family": p.family}
+            for side, p in (("reference", plan.ref_precision), ("candidate", plan.cand_precision))}
 
 
 def _describe(engine: Engine) -> dict:

@@ -450,15 +450,14 @@ class StreamPlan:
             unregister(model)
 
     def describe_engines(self) -> dict:
-        from .. import __version__
-        from .plan import _describe
+        from .plan import engines_json
 
-        return {"reference": _describe(self.ref_engine), "candidate": _describe(self.cand_engine),
-                "workbench": __version__}
+        return engines_json(self)
 
     def precision_json(self) -> dict:
-        return {side: {"precision": p.precision, "precision_source": p.source, "family": p.family}
-                for side, p in (("reference", self.ref_precision), ("candidate", self.cand_precision))}
+        from .plan import precisions_json
+
+        return precisions_json(self)
 
     def release_weights(self) -> None:
         """Nothing to release: the plan never holds the weights."""
