@@ -199,6 +199,7 @@ def argv_for(command: str, option: str, kind: str, value: str, good: dict, out: 
              ("calibrate", "--preprocess"): ["--data", feeds],
              ("reduce", "--cand-model"): ["--cand", "ort"],
              ("repair", "--cand-model"): ["--cand", "ort"],
+             ("repair", "--calib"): ["--cand", "ort:int8"],
              ("repair", "--preprocess"): ["--inputs", feeds]}.get((command, option), [])
     return [*base, *needs, option, value]
 

@@ -92,8 +92,10 @@ def test_cli_repair_int8_from_fp32_with_calibration_data(cls_case, tmp_path, cap
 
 def test_cli_repair_calib_needs_a_usable_value(cls_case, tmp_path, capsys):
     fp32, _, _, _ = cls_case
-    for calib, said in ((str(tmp_path / "missing"), "missing"), ("0", "at least one feed")):
-        code = main(["repair", str(fp32), "--cand", "ort:int8", "--calib", calib, "--input-shapes", "x:[1,3,48,192]",
+    for cand, calib, said in (("ort:int8", str(tmp_path / "missing"), "missing"),
+                              ("ort:int8", "0", "at least one feed"),
+                              ("ort:fp16", "4", "no side is an :int8 variant")):  # it would go unused
+        code = main(["repair", str(fp32), "--cand", cand, "--calib", calib, "--input-shapes", "x:[1,3,48,192]",
                      "--out", str(tmp_path / "x.onnx")])
         err = capsys.readouterr().err
         assert code == 2 and said in err and "Traceback" not in err, err

@@ -122,6 +122,21 @@ def _inspect_engine(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+
+def _check_calib(args: argparse.Namespace) -> None:
+    """--calib is INT8 calibration data: refused where no side is an :int8 variant the tool makes (it would be
+    silently unused)."""
+    if getattr(args, "calib", None) is None:
+        return
+    from .engines.spec import EngineSpec
+
+    made = [s for s, own in ((args.ref, None), (args.cand, args.cand_model)) if own is None and s]
+    if not any(EngineSpec.parse(s).variant == "int8" for s in made):
+        raise UsageError(f"--calib is INT8 calibration data, and no side is an :int8 variant the tool makes "
+                         f"(--ref {args.ref}, --cand {args.cand}{', --cand-model given' if args.cand_model else ''})",
+                         "use --cand ENGINE:int8, or drop --calib")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from .compare.api import compare
     from .compare.criterion import Criterion
@@ -132,6 +147,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                    Output("--bundle", args.bundle, "new")],
                   models={"MODEL": args.model, "--cand-model": args.cand_model},
                   inputs={"--inputs": args.inputs, "--calib": args.calib, **_code_inputs(args)})
+    _check_calib(args)
     if args.criterion:
         Criterion.parse(args.criterion)  # a bad criterion fails before the comparison, not after
     if _dataset_mode(args):
@@ -351,6 +367,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
                   inputs={"--inputs": args.inputs, "--metric": metric_file if metric_file.endswith(".py") else None,
                           "--preprocess": _code_file(args.preprocess),
                           "--calib": None if args.calib is None or args.calib.isdigit() else args.calib})
+    _check_calib(args)
     if args.preprocess and not (args.inputs or args.calib):
         raise InputError("--preprocess needs a dataset", "pass --inputs DIR (a folder of images)")
     result = repair(
