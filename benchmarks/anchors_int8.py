@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from peak_rss import peak_mib, wrap
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -109,6 +108,7 @@ def task_met(kind: str, fp32: Path, model: Path, heldout: Path) -> bool:
 def _run(argv: list[str]) -> dict:
     """Run ``argv``; wall seconds, the child's peak RSS (MiB, wait4), exit code and output."""
     start = time.perf_counter()
+    from peak_rss import peak_mib, wrap  # here: this file is also imported alone (a --metric module)
     launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
     proc = subprocess.Popen(launch, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from peak_rss import peak_mib, wrap
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -65,6 +64,7 @@ Path(out).write_text(json.dumps(bounds))
 def measure(argv: list[str], cwd: Path) -> dict:
     """Run ``argv``; wall seconds, peak RSS (MiB) of that child, exit code, output."""
     start = time.perf_counter()
+    from peak_rss import peak_mib, wrap  # here: this file is also imported alone (a --metric module)
     launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
     proc = subprocess.Popen(launch, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = proc.stdout.read()

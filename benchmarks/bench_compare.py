@@ -41,8 +41,6 @@ import threading
 import time
 from pathlib import Path
 
-from peak_rss import peak_mib, wrap
-
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).resolve().parent
@@ -142,6 +140,7 @@ def measure(argv: list[str], cwd: Path, timeout: float | None = None, cap_mib: f
 
     with tempfile.TemporaryFile(mode="w+") as log:  # a file, not a pipe: nothing to drain while waiting
         start = time.perf_counter()
+        from peak_rss import peak_mib, wrap  # here: this file is also imported alone (a --metric module)
         launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
         proc = subprocess.Popen(launch, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)

@@ -26,8 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from peak_rss import peak_mib, wrap
-
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -35,6 +33,7 @@ BIN = Path(sys.executable).parent
 def measure(argv: list[str]) -> dict:
     """Run ``argv``; wall seconds, peak RSS (MiB) of that child, exit code; stderr passes through (progress)."""
     start = time.perf_counter()
+    from peak_rss import peak_mib, wrap  # here: this file is also imported alone (a --metric module)
     launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
     proc = subprocess.Popen(launch, cwd=REPO, stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read()

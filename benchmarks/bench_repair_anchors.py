@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from peak_rss import peak_mib, wrap
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -179,6 +178,7 @@ def measure(argv: list[str], env: dict | None = None, timeout: float = 1800) -> 
     the tail of its output."""
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as log:
+        from peak_rss import peak_mib, wrap  # here: this file is also imported alone (a --metric module)
         launch, rss_file = wrap(argv)  # the tool's own peak RSS (peak_rss.py)
         proc = subprocess.Popen(launch, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
                                 preexec_fn=_cap)
