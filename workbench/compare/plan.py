@@ -67,7 +67,37 @@ def make_engine(spec: EngineSpec, *, isolate: bool | None = None, options: dict 
     return get_engine(spec.engine, **opts)
 
 
-class ComparisonPlan:
+class PlanEngines:
+    """The engines of a plan, made on first use, and their JSON: shared by :class:`ComparisonPlan` and the streamed
+    plan (:class:`workbench.compare.stream.StreamPlan`). Needs ``_lock``, ``_engines``, ``options``,
+    ``engine_options``, ``ref_spec``/``cand_spec`` and ``ref_precision``/``cand_precision``."""
+
+    def _engine(self, side: str, spec: EngineSpec) -> Engine:
+        with self._lock:
+            if side not in self._engines:
+                self._engines[side] = make_engine(spec, isolate=self.options.isolate,
+                                                  options=self.engine_options.get(spec.engine),
+                                                  timeout_s=self.options.timeout_s)
+            return self._engines[side]
+
+    @property
+    def ref_engine(self) -> Engine:
+        return self._engine("reference", self.ref_spec)
+
+    @property
+    def cand_engine(self) -> Engine:
+        return self._engine("candidate", self.cand_spec)
+
+    def describe_engines(self) -> dict:
+        return {"reference": _describe(self.ref_engine), "candidate": _describe(self.cand_engine),
+                "workbench": __version__}
+
+    def precision_json(self) -> dict:
+        return {side: {"precision": p.precision, "precision_source": p.source, "family": p.family}
+                for side, p in (("reference", self.ref_precision), ("candidate", self.cand_precision))}
+
+
+class ComparisonPlan(PlanEngines):
     """The setup of one comparison (see the module docstring). ``reference_engine``/``candidate_engine``: Engine
     instances used instead of the ones the specs name (the spec still picks the variant), e.g. a recorded run."""
 
@@ -246,22 +276,6 @@ class ComparisonPlan:
             return module_precision(self.module, spec.variant)
         return infer_precision(model)
 
-    def _engine(self, side: str, spec: EngineSpec) -> Engine:
-        with self._lock:
-            if side not in self._engines:
-                self._engines[side] = make_engine(spec, isolate=self.options.isolate,
-                                                  options=self.engine_options.get(spec.engine),
-                                                  timeout_s=self.options.timeout_s)
-            return self._engines[side]
-
-    @property
-    def ref_engine(self) -> Engine:
-        return self._engine("reference", self.ref_spec)
-
-    @property
-    def cand_engine(self) -> Engine:
-        return self._engine("candidate", self.cand_spec)
-
     @cached_property
     def pair_by_tensor(self) -> dict:
         return {p.tensor: p for p in self.pairs}
@@ -274,12 +288,6 @@ class ComparisonPlan:
             raise WorkbenchError(f"tensor {tensor!r} has no counterpart in the candidate model", "pick another layer")
         pair = self.pair_by_tensor.get(tensor)
         return pair.candidate if pair is not None else (self.views.get(tensor) or tensor)
-
-    def describe_engines(self) -> dict:
-        return engines_json(self)
-
-    def precision_json(self) -> dict:
-        return precisions_json(self)
 
     # --- running -------------------------------------------------------------------------------------------
     def run(self, progress: Progress | None = None, cancel: threading.Event | None = None):
@@ -299,18 +307,6 @@ class ComparisonPlan:
             close = getattr(engine, "close", None)
             if callable(close) and engine is not None and type(engine).__name__ == "IsolatedEngine":
                 close()
-
-
-def engines_json(plan) -> dict:
-    """Both engines' descriptions and the workbench version, for a plan (whole-model or streamed)."""
-    return {"reference": _describe(plan.ref_engine), "candidate": _describe(plan.cand_engine),
-            "workbench": __version__}
-
-
-def precisions_json(plan) -> dict:
-    """Each side's precision, where it came from, and its family, for a plan (whole-model or streamed)."""
-    return {side: {"precision": p.precision, "precision_source": p.source, "family": p.family}
-            for side, p in (("reference", plan.ref_precision), ("candidate", plan.cand_precision))}
 
 
 def _describe(engine: Engine) -> dict:

@@ -43,6 +43,7 @@ from .criterion import Criterion
 from .floor import tensor_formats
 from .options import CompareOptions
 from .pairs import pair_tensors
+from .plan import PlanEngines
 from .strategies import Context, Measured, Ticker, _compare_jobs, _FeedSteps, _run_isolation, update_many
 
 log = logging.getLogger(__name__)
@@ -307,7 +308,7 @@ class _Original:
         return self.path.parent
 
 
-class StreamPlan:
+class StreamPlan(PlanEngines):
     """A comparison plan (the fields :func:`workbench.compare.run.run_plan` and results read) whose measurement
     streams the model segment by segment: :meth:`measure`."""
 
@@ -409,24 +410,6 @@ class StreamPlan:
         self.timing["setup_s"] = time.perf_counter() - t0
 
     # --- the plan's interface ---------------------------------------------------------------------------------
-    def _engine(self, side: str, spec: EngineSpec):
-        from .plan import make_engine
-
-        with self._lock:
-            if side not in self._engines:
-                self._engines[side] = make_engine(spec, isolate=self.options.isolate,
-                                                  options=self.engine_options.get(spec.engine),
-                                                  timeout_s=self.options.timeout_s)
-            return self._engines[side]
-
-    @property
-    def ref_engine(self):
-        return self._engine("reference", self.ref_spec)
-
-    @property
-    def cand_engine(self):
-        return self._engine("candidate", self.cand_spec)
-
     @cached_property
     def pair_by_tensor(self) -> dict:
         return {p.tensor: p for p in self.pairs}
@@ -448,16 +431,6 @@ class StreamPlan:
             yield model
         finally:
             unregister(model)
-
-    def describe_engines(self) -> dict:
-        from .plan import engines_json
-
-        return engines_json(self)
-
-    def precision_json(self) -> dict:
-        from .plan import precisions_json
-
-        return precisions_json(self)
 
     def release_weights(self) -> None:
         """Nothing to release: the plan never holds the weights."""
