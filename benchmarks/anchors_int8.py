@@ -257,11 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_int8(args)
     text = render(rows)
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(f"$ python benchmarks/anchors_int8.py {' '.join(argv)}\n{text}\n")
-    tmp.replace(out)
+    from workbench._atomic import atomic_write_text
+
+    atomic_write_text(args.out, f"$ python benchmarks/anchors_int8.py {' '.join(argv)}\n{text}\n")
     return 0
 
 

@@ -195,11 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(row), flush=True)
     text = render(rows)
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(f"$ python scripts/int8_truth.py {' '.join(argv or sys.argv[1:])}\n{text}\n")
-    tmp.replace(out)
+    from workbench._atomic import atomic_write_text
+
+    atomic_write_text(args.out, f"$ python scripts/int8_truth.py {' '.join(argv or sys.argv[1:])}\n{text}\n")
     return 0
 
 
