@@ -99,3 +99,40 @@ def test_cli_repair_calib_needs_a_usable_value(cls_case, tmp_path, capsys):
                      "--out", str(tmp_path / "x.onnx")])
         err = capsys.readouterr().err
         assert code == 2 and said in err and "Traceback" not in err, err
+
+
+def test_group_testing_finds_the_single_pair_the_sweep_needs(cls_case, monkeypatch):
+    """The ordering by blocks (used above qdq_groups.SMALL quantized nodes, forced here on the classifier): the
+    sweep says one pair's removal heals the task, and repair by group testing removes exactly one."""
+    from workbench.repair import qdq_groups
+    from workbench.repair.api import repair
+
+    monkeypatch.setattr(qdq_groups, "SMALL", 0)
+    fp32, qdq, feeds, _ = cls_case
+    want = _classes(fp32, feeds)
+    result = repair(str(fp32), "ort", "ort", cand_model=str(qdq), feeds=feeds, metric=Q.agree_cls, target=">=1",
+                    verify=None)
+    assert any("group testing" in n for n in result.notes), result.notes
+    assert result.met and len(result.kept) == 1 and result.minimal
+    assert _classes(result.model, feeds) == want
+    # independently: that one node's Q/DQ removed by the truth script's own edit heals every crop
+    healed = Q.remove_qdq(onnx.load(str(qdq)), onnx.load(str(fp32)), result.kept)
+    assert _classes(healed, feeds) == want
+
+
+def test_a_mean_target_is_judged_on_the_mean_over_the_feeds(cls_case):
+    """``mean>=X``: met when the share of held-out crops classified as in FP32 reaches X (NNCF's reading of a
+    drop), not on every crop."""
+    from workbench.repair.api import repair
+
+    fp32, qdq, feeds, _ = cls_case
+    want, got = _classes(fp32, feeds), _classes(qdq, feeds)
+    share = sum(a == b for a, b in zip(want, got)) / len(feeds)
+    assert 0 < share < 1
+    lenient = repair(str(fp32), "ort", "ort", cand_model=str(qdq), feeds=feeds, metric=Q.agree_cls,
+                     target=f"mean>={share}", verify=None)
+    assert lenient.met and lenient.kept == [] and lenient.target["aggregate"] == "mean"
+    assert abs(lenient.before["value"] - share) < 1e-9
+    strict = repair(str(fp32), "ort", "ort", cand_model=str(qdq), feeds=feeds, metric=Q.agree_cls,
+                    target=f"mean>={min(1.0, share + 1 / len(feeds))}", verify=None)
+    assert not strict.before["met"] and strict.met and len(strict.kept) >= 1

@@ -707,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "removed) so that the candidate meets a target; writes the repaired model")
     _add_pair_arguments(p, "repair this file (your own FP16/QDQ export) instead of the tool's variant")
     p.add_argument("--target", metavar="TEXT", help="without --metric: a criterion every output must pass on every "
-                   "feed, e.g. sqnr_db<40 (default: the candidate precision's); with --metric: OP NUMBER, e.g. >=0.99")
+                   "feed, e.g. sqnr_db<40 (default: the candidate precision's); with --metric: OP NUMBER on every "
+                   "feed, e.g. >=0.99, or mean OP NUMBER on the mean over the feeds, e.g. 'mean>=0.95'")
     p.add_argument("--metric", metavar="module:function", help="task metric: top1, topk:K, ctc, mask_iou:T (as "
                    "compare's), or fn(reference_outputs, candidate_outputs) -> number|bool per feed (module:function "
                    "or path/file.py:function)")

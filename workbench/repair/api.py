@@ -200,15 +200,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
         if builder.kind == "qdq" and nodes is None and not before.met:
-            from .qdq_order import order_pool
-
-            pool, ordering = order_pool(ev, builder, pool, before, notes)
-            if ordering:
-                timing["qdq_order_s"] = ordering["seconds"]
-                notes.append(f"Q/DQ pool: {ordering['measured']} node(s) dequantized one at a time in one switchable "
-                             f"session on {ordering['feeds']} failing feed(s); "
-                             f"{ordering['helping']} help there, {ordering['met_alone']} meet the target alone on "
-                             "every feed")
+            pool = _order_qdq(ev, builder, pool, before, notes, timing)
         island_pool, base = pool, before
         if rewrites:  # rewrites first: they keep the nodes in the candidate precision
             rewritten, island_pool, base = rewrite_first(ev, pool, before, notes)
@@ -273,6 +265,30 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     if not pool and nodes is None:
         res.notes.append("the comparison flagged no culprit to keep")
     return res
+
+
+def _order_qdq(ev: Evaluator, builder: IslandBuilder, pool: list[str], before, notes: list[str],
+               timing: dict) -> list[str]:
+    """The Q/DQ pool ordered by measurement: node by node up to :data:`qdq_groups.SMALL` quantized nodes, by group
+    testing above (:mod:`workbench.repair.qdq_groups`)."""
+    from .qdq_groups import SMALL, order_by_groups
+    from .qdq_order import order_pool, quantized_nodes
+
+    if len(quantized_nodes(builder)) <= SMALL:
+        ordered, ordering = order_pool(ev, builder, pool, before, notes)
+        if ordering:
+            notes.append(f"Q/DQ pool: {ordering['measured']} node(s) dequantized one at a time in one switchable "
+                         f"session on {ordering['feeds']} failing feed(s); {ordering['helping']} help there, "
+                         f"{ordering['met_alone']} meet the target alone on every feed")
+    else:
+        ordered, ordering = order_by_groups(ev, builder, pool, before, notes)
+        if ordering.get("all_float_met"):
+            notes.append(f"Q/DQ pool: {ordering['nodes']} quantized node(s) ordered by group testing: "
+                         f"{ordering['measured']} block build(s) on {ordering['probes']} probe feed(s), "
+                         f"{ordering['isolated']} node(s) isolated, {ordering['helping']} in blocks that help")
+    if ordering:
+        timing["qdq_order_s"] = ordering["seconds"]
+    return ordered
 
 
 def _verify_on_candidate(ev: Evaluator, builder: IslandBuilder, kept):

@@ -7,8 +7,15 @@ inputs (:meth:`IslandBuilder.switchable`): a search then costs one build and a r
 always build: engines fuse Q/DQ patterns (ORT's QLinear kernels, TensorRT's INT8 layers) and the switch's
 selections would break those fusions, so a switchable model would not compute what the repaired one does.
 
+A search evaluation stops at the first feed that misses the target when the target is judged feed by feed (a
+criterion, or a task metric on the worst feed: one failing feed decides it), running the feeds in the order they
+last failed in (move to front): most sets a search tries miss, and most miss on the same few feeds, so an unmet
+set costs a run or two instead of one per feed. Its judgement then counts the feeds run. A mean over the feeds is
+never decided early. The baseline and the verification run every feed.
+
 With workers (:mod:`workbench.repair.parallel`), :meth:`Evaluator.prefetch` evaluates the sets the search may ask
-for next side by side; :meth:`Evaluator.evaluate` then commits a prefetched outcome when the search asks for its set,
+for next side by side (every feed; the same stop is applied when the outcome is committed, so the numbers are
+the serial ones); :meth:`Evaluator.evaluate` then commits a prefetched outcome when the search asks for its set,
 in the search's own order, counting builds and judging exactly as a serial evaluation. Sets the search never asks
 for are dropped uncounted: the evaluations, builds and verdicts are the serial ones.
 """
@@ -40,6 +47,7 @@ class Evaluation:
     how: str
     seconds: float
     per_feed: list[dict[str, dict]] = field(default_factory=list, repr=False)
+    feed_met: dict[int, bool] = field(default_factory=dict, repr=False)  # by feed index, the feeds run
 
     @property
     def met(self) -> bool:
@@ -77,6 +85,8 @@ class Evaluator:
         self.workers = workers  # RepairWorkers, or None: evaluate here
         self._ahead: dict[tuple[frozenset, str], Any] = {}  # prefetched outcomes by (set, how), not yet committed
         self.ref_outputs = self._reference()
+        self.feed_order = list(range(len(self.plan.cand_feeds)))  # failing feeds first (move to front)
+        self.stops_early = target.metric is None or target.aggregate != "mean"
 
     @property
     def width(self) -> int:
@@ -163,7 +173,7 @@ class Evaluator:
             else:
                 session, flags = self._switch
                 extra = {f: np.array(name in key) for name, f in flags.items()}
-                results = [session.run({**cfeed, **extra}) for cfeed in self.plan.cand_feeds]
+                results = self._run_feeds(lambda cfeed: session.run({**cfeed, **extra}), role)
         else:
             mode = "build"
             if role == "search":
@@ -175,9 +185,12 @@ class Evaluator:
             else:
                 model = model if model is not None else self.builder.build(list(kept))
                 with self.plan.cand_engine.prepare(model, [c for _, c in self.outputs]) as session:
-                    results = [session.run(cfeed) for cfeed in self.plan.cand_feeds]
+                    results = self._run_feeds(session.run, role)
         seconds = ahead.seconds if ahead is not None else time.perf_counter() - t0
+        if isinstance(results, list):  # every feed, in feed order (a worker's, or a non-search role's)
+            results = self._decide(dict(enumerate(results)), role)
         ev = self._judge(tuple(kept), results, mode if role == "search" else role, seconds)
+        self._move_to_front(ev)
         self._cache.setdefault(key, ev)
         self.evaluations.append(ev)
         if self.step is not None:
@@ -186,6 +199,38 @@ class Evaluator:
         log.info("repair: %d kept %s -> %s (%s, %.2fs)", len(kept), list(kept)[:4], "met" if ev.met else "not met",
                  ev.how, ev.seconds)
         return ev
+
+    def _run_feeds(self, run, role: str) -> dict[int, dict]:
+        """Candidate outputs by feed index: every feed, or (a search set) in :attr:`feed_order` up to the first
+        feed that misses the target."""
+        feeds = self.plan.cand_feeds
+        if role != "search" or not self.stops_early:
+            return {i: run(f) for i, f in enumerate(feeds)}
+        out = {}
+        for i in self.feed_order:
+            out[i] = run(feeds[i])
+            if not self._feed_met(i, out[i]):
+                break
+        return out
+
+    def _decide(self, results: dict[int, dict], role: str) -> dict[int, dict]:
+        """``results`` of every feed cut as :meth:`_run_feeds` would have stopped (the serial numbers)."""
+        if role != "search" or not self.stops_early:
+            return results
+        out = {}
+        for i in self.feed_order:
+            out[i] = results[i]
+            if not self._feed_met(i, out[i]):
+                break
+        return out
+
+    def _feed_met(self, i: int, got: dict) -> bool:
+        return self._judge((), {i: got}, "", 0.0).met
+
+    def _move_to_front(self, ev: Evaluation) -> None:
+        failed = [i for i, ok in ev.feed_met.items() if not ok]
+        if failed:
+            self.feed_order = failed + [i for i in self.feed_order if i not in set(failed)]
 
     def rebase(self, builder: IslandBuilder) -> None:
         """Evaluate sets on another base from now on (the candidate with rewrites applied): forget the switchable
@@ -217,13 +262,20 @@ class Evaluator:
         return self._judge((), results, "", 0.0, candidate_names).judgement
 
     def _judge(self, kept, results, mode, seconds, candidate_names: bool = True) -> Evaluation:
-        per_feed, task = [], []
-        for ref, got in zip(self.ref_outputs, results):
+        """``results``: outputs per feed, a list in feed order or a dict by feed index (the feeds run)."""
+        items = sorted(results.items()) if isinstance(results, dict) else list(enumerate(results))
+        per_feed, task, met = [], [], {}
+        for i, got in items:
+            ref = self.ref_outputs[i]
             cand = {r: got[c if candidate_names else r] for r, c in self.outputs}
-            per_feed.append({r: ErrorStats().update(ref[r], cand[r]).metrics() for r, _ in self.outputs})
-            if self.target.metric is not None:
-                task.append(self.target.task_value(ref, cand))
-        return Evaluation(kept, self.target.judge(per_feed, task), mode, seconds, per_feed)
+            metrics = {r: ErrorStats().update(ref[r], cand[r]).metrics() for r, _ in self.outputs}
+            per_feed.append(metrics)
+            value = self.target.task_value(ref, cand) if self.target.metric is not None else None
+            task.append(value)
+            met[i] = self.target.judge([metrics], [value] if value is not None else None).met
+        if self.target.metric is None:
+            task = []
+        return Evaluation(kept, self.target.judge(per_feed, task), mode, seconds, per_feed, met)
 
     def close(self) -> None:
         if self._switch is not None:

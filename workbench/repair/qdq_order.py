@@ -52,13 +52,16 @@ def quantized_nodes(builder: IslandBuilder) -> list[str]:
 
 
 def measured_pool_only(plan, notes: list[str]) -> bool:
-    """For a Q/DQ candidate, skip the comparison's culprit isolation and impact (``plan.options.culprits`` off):
-    :func:`order_pool` measures every quantized node's removal against the target itself. True when skipped."""
+    """For a Q/DQ candidate, skip the comparison's culprit isolation and impact (``plan.options.culprits`` off) and
+    compare the outputs alone: :func:`order_pool` (or :mod:`workbench.repair.qdq_groups`) measures every quantized
+    node's removal against the target itself. True when skipped."""
     if not plan.options.culprits or not any(n.op_type in QDQ_OPS for n in plan.cand_model.graph.node):
         return False
     plan.options = plan.options.replace(culprits=False)
+    outputs = set(plan.ref_graph.outputs)
+    plan.pairs = [p for p in plan.pairs if p.tensor in outputs]  # nothing reads the other tensors' errors
     notes.append("Q/DQ candidate: the pool is every quantized node, each one's Q/DQ removal measured against the "
-                 "target (no culprit isolation)")
+                 "target (no culprit isolation; the comparison before the search is of the outputs alone)")
     return True
 
 

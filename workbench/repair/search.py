@@ -7,7 +7,10 @@ consumers follow it in the pool, as far as the values stay out of range.
 
 Search: grow prefixes of the pool (1, 2, 4, 8, ... nodes) until the target holds, binary-search the shortest
 passing prefix, then shrink it to a 1-minimal set (removing any kept node breaks the target), trying to drop
-the latest-ranked nodes first and repeating until a whole pass removes nothing.
+the latest-ranked nodes first and repeating until a whole pass removes nothing. A set of more than
+:data:`CHUNKED` nodes is first shrunk as delta debugging does: halves, quarters, eighths, ... of it (latest-ranked
+first) dropped while the target holds, so a set that is mostly superfluous costs a few builds rather than one per
+node.
 
 The search is sequential: each step depends on the last verdict. With workers it evaluates ahead, side by side,
 the sets it may ask for next -- the next prefix sizes while growing, the next levels of the binary search, the next
@@ -24,6 +27,9 @@ from collections.abc import Sequence
 from .evaluate import BudgetExhausted, Evaluation, Evaluator
 
 log = logging.getLogger(__name__)
+
+#: sets larger than this are first shrunk chunk by chunk (:func:`_shrink_chunks`), then node by node
+CHUNKED = 8
 
 
 def candidate_pool(result, plan, known: set[str], limit: int = 64, notes: list[str] | None = None) -> list[str]:
@@ -102,6 +108,12 @@ def shrink(ev: Evaluator, kept: list[str], last_needed: bool = False) -> tuple[t
     """Drop nodes while the target holds, latest-ranked first, until a full pass drops nothing (1-minimal).
     ``last_needed``: the last node is known to be needed (the prefix without it failed)."""
     try:
+        if len(kept) > CHUNKED:
+            kept, exhausted = _shrink_chunks(ev, kept, kept[-1] if last_needed else None)
+            if exhausted:
+                ev.notes.append(f"the build budget ({ev.max_builds}) ran out while shrinking chunk by chunk: the set "
+                                "may not be minimal")
+                return tuple(kept), False
         changed = True
         first = True
         while changed and len(kept) > 1:
@@ -120,6 +132,51 @@ def shrink(ev: Evaluator, kept: list[str], last_needed: bool = False) -> tuple[t
     except BudgetExhausted:
         ev.notes.append(f"the build budget ({ev.max_builds}) ran out while shrinking: the set may not be minimal")
         return tuple(kept), False
+
+
+def _shrink_chunks(ev: Evaluator, kept: list[str], needed: str | None) -> tuple[list[str], bool]:
+    """Delta debugging's complement step over the ranked set: cut it into 2, 4, 8, ... contiguous chunks and drop
+    each chunk (latest-ranked first) whose removal keeps the target, until chunks would be single nodes. ``needed``:
+    a node known to be needed (chunks holding it are not tried). (the set left, whether the budget ran out)."""
+    try:
+        return _chunk_passes(ev, kept, needed), False
+    except BudgetExhausted as e:
+        return e.args[0] if e.args else kept, True
+
+
+def _chunk_passes(ev: Evaluator, kept: list[str], needed: str | None) -> list[str]:
+    parts = 2
+    while len(kept) > 2 * parts - 1:
+        chunks = [c for c in reversed(_chunks(kept, parts)) if needed not in c]
+        trials = [[n for n in kept if n not in set(c)] for c in chunks]
+        removed = False
+        for j, chunk in enumerate(chunks):
+            trial = [n for n in kept if n not in set(chunk)]
+            if not trial:
+                continue
+            ev.prefetch(trials[j:j + ev.width])
+            try:
+                met = ev.evaluate(trial).met
+            except BudgetExhausted:
+                raise BudgetExhausted(kept) from None
+            if met:
+                kept = trial
+                removed = True
+        if not removed:
+            parts *= 2
+    return kept
+
+
+def _chunks(items: list[str], parts: int) -> list[list[str]]:
+    """``items`` cut into ``parts`` contiguous, nearly equal, non-empty pieces (fewer when there are fewer items)."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (i < extra)
+        out.append(items[start:end])
+        start = end
+    return out
 
 
 def _prefix_sizes(size: int, n: int) -> list[int]:

@@ -1,6 +1,7 @@
 """What "repaired" means: every output passes a criterion on every feed (default: the candidate precision's),
 or a task metric ``fn(reference_outputs, candidate_outputs) -> number | bool`` holds a threshold on the worst
-feed."""
+feed (``>=0.99``) or on its mean over the feeds (``mean>=0.95``: NNCF's accuracy-control reading, a drop on the
+dataset's mean)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..core.floats import encode_float
 from .graph import RepairError
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
-_THRESHOLD = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\S+)\s*$")
+_THRESHOLD = re.compile(r"^\s*(mean\s*)?(>=|<=|==|>|<)\s*(\S+)\s*$")
 
 
 def load_metric(spec: str | Callable) -> tuple[Callable, str]:
@@ -74,6 +75,7 @@ class Target:
     metric_label: str | None = None
     op: str | None = None
     threshold: float | None = None
+    aggregate: str = "worst"  # "worst": every feed holds the threshold; "mean": the mean over the feeds does
 
     @classmethod
     def build(cls, criterion: Criterion, target: str | None, metric: Any, floors: dict) -> Target:
@@ -84,31 +86,37 @@ class Target:
             return cls(crit, floors)
         fn, label = load_metric(metric)
         op = threshold = None
+        aggregate = "worst"
         if target:
             m = _THRESHOLD.match(str(target))
             if not m:
-                raise RepairError(f"cannot read target {target!r} for metric {label}", "write e.g. '>=0.99' or '<0.01'")
-            op = m.group(1)
+                raise RepairError(f"cannot read target {target!r} for metric {label}",
+                                  "write e.g. '>=0.99' (every feed) or 'mean>=0.95' (the mean over the feeds)")
+            aggregate = "mean" if m.group(1) else "worst"
+            op = m.group(2)
             try:
-                threshold = float(m.group(2))
+                threshold = float(m.group(3))
             except ValueError:
-                raise RepairError(f"target {target!r}: {m.group(2)!r} is not a number") from None
+                raise RepairError(f"target {target!r}: {m.group(3)!r} is not a number") from None
             if not math.isfinite(threshold):
                 raise RepairError(f"target {target!r} needs a finite threshold")
-        return cls(criterion, floors, fn, label, op, threshold)
+        return cls(criterion, floors, fn, label, op, threshold, aggregate)
 
     def describe(self) -> str:
         if self.metric is None:
             return f"every output passes ({self.criterion.describe()}) on every feed"
         if self.op is None:
             return f"{self.metric_label} is True on every feed"
+        if self.aggregate == "mean":
+            return f"the mean of {self.metric_label} over the feeds {self.op} {self.threshold:g}"
         return f"{self.metric_label} {self.op} {self.threshold:g} on the worst feed"
 
     def to_json(self) -> dict:
         if self.metric is None:
             return {"kind": "criterion", "criterion": self.criterion.text(), "text": self.describe()}
         return {"kind": "metric", "metric": self.metric_label, "op": self.op, "threshold": self.threshold,
-                "aggregate": "worst feed", "text": self.describe(), "criterion": self.criterion.text()}
+                "aggregate": "mean" if self.aggregate == "mean" else "worst feed", "text": self.describe(),
+                "criterion": self.criterion.text()}
 
     def judge(self, per_feed: list[dict[str, dict]], task: list[Any] | None = None) -> Judgement:
         """``per_feed``: per feed, output -> metrics; ``task``: per feed, the metric function's result."""
@@ -135,6 +143,11 @@ class Target:
             worst = float(min(ok)) if ok else None
             return Judgement(all(ok), summary, worst, ok.count(False), -(worst or 0.0))
         fails = [not _OPS[self.op](v, self.threshold) or math.isnan(v) for v in values]
+        if self.aggregate == "mean":  # failing: the feeds under the threshold, for ranking sets that miss it
+            mean = float(np.mean(values)) if values else math.nan
+            met = bool(values) and not math.isnan(mean) and _OPS[self.op](mean, self.threshold)
+            score = -mean if self.op in (">=", ">") else mean
+            return Judgement(met, summary, mean, sum(fails), score if not math.isnan(mean) else math.inf)
         worst = (min(values) if self.op in (">=", ">") else max(values)) if values else None
         score = -(worst or 0.0) if self.op in (">=", ">") else (worst or 0.0)
         return Judgement(not any(fails), summary, worst, sum(fails), score)

@@ -1,0 +1,152 @@
+"""Q/DQ candidates with many quantized nodes: the repair pool ordered by group testing instead of one node at a time.
+
+Measuring every quantized node's removal alone (:func:`workbench.repair.qdq_order.order_pool`) costs a run per node
+and failing feed: 411 nodes of a text recognizer took 234 s. Here the nodes, in graph order, are cut into
+:data:`GROUPS` contiguous blocks; each block is dequantized as a whole (one build) and measured on the
+:data:`PROBES` worst feeds; the block that helps most is split in two and its halves measured, and so on, best
+first (a priority queue), until single nodes come out or :data:`BUDGET` builds are spent. Quantization error mostly
+adds up along the graph, so a block that holds the nodes that matter helps more than one that does not, and the
+descent costs about 2 log2(n / GROUPS) builds per node it isolates rather than one per node. The pool is: the
+nodes isolated, best first; then the blocks left when the budget ran out, best first, each in graph order; then
+the blocks that did not help. A build before the descent dequantizes every node: when even that misses the target
+no Q/DQ removal can meet it, and the search is told so at once.
+
+A build here is the deployable model (the Q/DQ pairs of the block removed, as :meth:`IslandBuilder.build` makes it),
+not a switchable model: on ONNX Runtime a switch between twins breaks the QLinear fusions and computes both twins,
+~4x the cost of a plain INT8 run, while building a model of a few hundred nodes takes ~0.1 s.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import time
+from collections.abc import Sequence
+
+from ..errors import EngineRunError
+from .graph import QDQ_OPS
+from .islands import IslandBuilder
+from .qdq_order import _judge, quantized_nodes
+
+log = logging.getLogger(__name__)
+
+#: pools up to this size are measured node by node (:func:`workbench.repair.qdq_order.order_pool`)
+SMALL = 160
+#: top-level blocks of the descent
+GROUPS = 8
+#: builds the descent may spend on the probe feeds
+BUDGET = 48
+#: feeds each block is measured on: the worst ones with nothing removed (a build costs more than a few runs)
+PROBES = 8
+
+
+def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes: list[str],
+                    budget: int = BUDGET) -> tuple[list[str], dict]:
+    """(pool ordered by group testing, a summary for the result), as :func:`qdq_order.order_pool` returns them.
+    ``ev``: the repair's Evaluator; ``baseline``: its evaluation with nothing kept."""
+    t0 = time.perf_counter()
+    known = set(builder.idx.by_name)
+    position = {n: builder.position[id(builder.idx.by_name[n])] for n in known}
+    nodes = [n for n in dict.fromkeys([*quantized_nodes(builder), *pool]) if n in known]
+    nodes = sorted((n for n in nodes if builder.idx.by_name[n].op_type not in QDQ_OPS), key=position.__getitem__)
+    if not nodes:
+        return list(pool), {}
+    plan = ev.plan
+    outs = [c for _, c in ev.outputs]
+
+    def score(indices: list[int], results: list[dict]) -> tuple:
+        """Met first, then fewer failing feeds, a better worst value, then the outputs' mean SQNR (higher first):
+        a task metric is often a step (a crop decodes right or not), the SQNR says which way a block moves it."""
+        j = _judge(ev, indices, results)
+        return (not j.met, j.failing, j.badness, -_mean_sqnr(ev, indices, results))
+
+    everything = ev.evaluate(nodes)  # a search build, cached: the search's longest prefix reuses it
+    if not everything.met:
+        notes.append(f"every one of the {len(nodes)} quantized node(s) dequantized still misses the target: "
+                     "no Q/DQ removal can meet it")
+        return nodes, {"measured": 0, "blocks": 0, "seconds": round(time.perf_counter() - t0, 3),
+                       "all_float_met": False}
+    feeds = plan.cand_feeds
+    with plan.cand_engine.prepare(plan.cand_model, outs) as session:
+        base_runs = [session.run(f) for f in feeds]
+    per_feed = [score([i], [r]) for i, r in enumerate(base_runs)]
+    probes = sorted(range(len(feeds)), key=lambda i: per_feed[i], reverse=True)[:PROBES]
+    probes.sort()
+    base = score(probes, [base_runs[i] for i in probes])
+    spent = 0
+
+    def measure(block: tuple[str, ...]):
+        nonlocal spent
+        spent += 1
+        ev.builds_by_role["ranking"] = ev.builds_by_role.get("ranking", 0) + 1
+        if ev.step is not None:
+            ev.step(0.0, f"Q/DQ removal measured by blocks: build {spent}/{budget}")
+        try:
+            with plan.cand_engine.prepare(builder.build(block), outs) as s:
+                got = score(probes, [s.run(feeds[i]) for i in probes])
+                log.debug("block of %d from %s: %s", len(block), block[0], got)
+                return got
+        except EngineRunError as e:
+            log.info("block %s... could not be measured: %s", block[:2], e)
+            return (True, len(probes), float("inf"), float("inf"))
+
+    heap: list = []
+    seq = 0
+    for block in _split(tuple(nodes), GROUPS):
+        heapq.heappush(heap, (measure(block), seq, block))
+        seq += 1
+    units: list[tuple[str, ...]] = []  # single nodes, or blocks whose effect needs all of them, best first
+    while heap and spent < budget:
+        s, _, block = heap[0]
+        if s >= base:  # the best block left does not help: nothing below it will
+            break
+        heapq.heappop(heap)
+        if len(block) == 1 or spent + 2 > budget:
+            units.append(block) if len(block) == 1 else heapq.heappush(heap, (s, seq, block))
+            if len(block) > 1:
+                break
+            continue
+        halves = [(measure(h), h) for h in _split(block, 2)]
+        if min(hs for hs, _ in halves)[:2] > s[:2]:  # each half alone fails feeds the block fixes: keep it whole
+            units.append(block)
+            continue
+        for hs, half in halves:
+            heapq.heappush(heap, (hs, seq, half))
+            seq += 1
+    isolated = [n for u in units for n in u]
+    rest = [heapq.heappop(heap) for _ in range(len(heap))]
+    helping = isolated + [n for s, _, b in rest if s < base for n in b]
+    ordered = helping + [n for s, _, b in rest if not s < base for n in b]
+    ordered += [n for n in pool if n not in set(ordered)]
+    summary = {"measured": spent, "nodes": len(nodes), "blocks": GROUPS, "probes": len(probes),
+               "isolated": len(isolated), "units": len(units), "helping": len(helping), "top": isolated[:5],
+               "all_float_met": True, "seconds": round(time.perf_counter() - t0, 3)}
+    log.info("Q/DQ pool by blocks: %d node(s), %d builds on %d probe feed(s) in %.1fs; %d unit(s) of %d node(s) "
+             "isolated, %d help", len(nodes), spent, len(probes), summary["seconds"], len(units), len(isolated),
+             len(helping))
+    return ordered, summary
+
+
+def _mean_sqnr(ev, indices: list[int], results: list[dict]) -> float:
+    """Mean SQNR (dB, capped at 200) of every judged output over the feeds at ``indices``."""
+    from ..core.metrics import ErrorStats
+
+    values = []
+    for i, got in zip(indices, results):
+        for r, c in ev.outputs:
+            v = ErrorStats().update(ev.ref_outputs[i][r], got[c]).metrics().get("sqnr_db")
+            values.append(min(200.0, float(v)) if v is not None and not math.isnan(float(v)) else -200.0)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _split(block: tuple[str, ...], parts: int) -> list[tuple[str, ...]]:
+    """``block`` cut into at most ``parts`` contiguous, nearly equal, non-empty pieces."""
+    parts = max(1, min(parts, len(block)))
+    size, extra = divmod(len(block), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (i < extra)
+        out.append(block[start:end])
+        start = end
+    return out
