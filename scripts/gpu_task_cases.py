@@ -13,7 +13,8 @@ feeds). Per model it stores the feeds and ONNX Runtime CPU's FP32 outputs on the
 verdict (task met, FP32 nodes and weight bytes kept, detail).
 
 The folder must stay within ``--budget-mib`` (it is carried to the device): when the FP16 models are too large,
-``autocast+calib`` of the recognizer goes first (recorded under ``dropped``); FP32 models are added, smallest first,
+``autocast+calib`` of the recognizer goes first (recorded under ``dropped``; byte-identical models of one
+case are stored once, ``same_as``); FP32 models are added, smallest first,
 while they fit (``--fp32 auto``), for a sanity row on the device.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import logging
 import shutil
@@ -86,16 +88,21 @@ def build_model(name: str, out: Path, work: Path, autocast_path: str | None) -> 
     args = argparse.Namespace(models=[name], prepared={name: (fp32, folder, feeds)}, work=work,
                               autocast_path=autocast_path)
     rows += bench.run_fp16(args)  # autocast, autocast+calib, workbench: the benchmark's tools and flags
+    written: dict[str, str] = {}  # sha256 -> tool: byte-identical models are stored once
     for r in rows:
         src = work / f"{name}.{r['tool']}.onnx"
         tool = {k: r.get(k) for k in ("met", "high_nodes", "high_weight_bytes", "note", "wall_s")}
         tool["cpu_met"] = tool.pop("met")
+        tool["file"] = None
         if src.is_file() and r.get("met") is not None:
-            dest = case_dir / f"{r['tool']}.onnx"
-            shutil.copyfile(src, dest)
-            tool["file"] = f"{name}/{dest.name}"
-        else:
-            tool["file"] = None
+            digest = hashlib.sha256(src.read_bytes()).hexdigest()
+            if digest in written:
+                tool["same_as"] = written[digest]
+            else:
+                shutil.copyfile(src, case_dir / f"{r['tool']}.onnx")
+                written[digest] = r["tool"]
+            tool["file"] = f"{name}/{written[digest]}.onnx"
+            tool["sha256"] = digest
         entry["tools"][r["tool"]] = tool
     return entry
 
@@ -112,7 +119,8 @@ def fit_budget(out: Path, cases: list[dict], budget: int, fp32_mode: str) -> lis
             break
         case = next((c for c in cases if c["model"] == model), None)
         rec = case and case["tools"].get(tool)
-        if rec and rec.get("file"):
+        shared = case and any(t.get("same_as") == tool for t in case["tools"].values())
+        if rec and rec.get("file") and not rec.get("same_as") and not shared:
             size = (out / rec["file"]).stat().st_size
             (out / rec["file"]).unlink()
             rec["file"] = None

@@ -320,6 +320,8 @@ def table(rows: list[dict]) -> str:
         check = r.get("dtype_check")
         kept = "-" if not check else "yes" if not check["mismatched"] else f"NO ({check['mismatched']})"
         extra = r.get("error") or r.get("mode", "")
+        if r.get("same_as"):
+            extra += f" (same file as {r['same_as']})"
         if r.get("fallback_reason"):
             extra += f" [{r['fallback_reason'][:80]}]"
         if r["tool"] == FP32 and first:
@@ -404,14 +406,20 @@ def main(argv: list[str] | None = None) -> int:
         fp32 = case.get("fp32") or (Path(args.fp32_from) / f"{case['model']}.onnx" if args.fp32_from else None)
         if fp32 and Path(fp32).is_file():
             jobs.append((FP32, Path(fp32), None, None, None))
+        done: dict[Path, dict] = {}  # a file shared by tools (byte-identical models) runs once
         for tool, path, cpu_met, high, dropped in jobs:
             if args.tools and tool.split(" ")[0] not in args.tools:
                 continue
             if path is None:
                 rows.append({"model": case["model"], "tool": tool, "high_nodes": high, "cpu_met": cpu_met,
                              "error": dropped or "no model (the tool failed in the benchmark)"})
+            elif Path(path) in done:
+                first = done[Path(path)]
+                rows.append({**first, "tool": tool, "high_nodes": high, "cpu_met": cpu_met,
+                             "same_as": first["tool"], "seconds": 0.0})
             else:
                 rows.append(one_row(case, tool, Path(path), refs, feeds, device, onnx2torch, cpu_met, high))
+                done[Path(path)] = rows[-1]
             r = rows[-1]
             print(f"  {r['model']} {r['tool']}: {r.get('error') or r.get('worst_txt')} ({r.get('seconds', '-')} s)",
                   flush=True)
