@@ -198,18 +198,64 @@ def import_onnx2torch(device: str):
     return onnx2torch, "torchvision absent: placeholder (NonMaxSuppression/RoiAlign unusable; not in these models)"
 
 
-def convert(path: Path, onnx2torch):
-    """(torch fx module from onnx2torch, onnx value types, graph input dtypes, output names)."""
+def fix_shapes(model, feed: dict[str, np.ndarray]):
+    """``model`` with its graph inputs set to ``feed``'s shapes and, where onnx shape inference leaves a node
+    output without a rank (onnx2torch picks BatchNorm1d/2d by rank), its shape as ONNX Runtime computes it on
+    ``feed`` (CPU, graph optimizations off). Returns (model, number of shapes taken from ONNX Runtime)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for v in model.graph.input:
+        if v.name in feed:
+            dims = v.type.tensor_type.shape.dim
+            for d, n in zip(dims, feed[v.name].shape, strict=True):
+                d.Clear()
+                d.dim_value = int(n)
+    typed = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    ranked = {v.name for v in [*typed.graph.value_info, *typed.graph.input, *typed.graph.output, *[]]
+              if v.type.tensor_type.HasField("shape")}
+    ranked |= {t.name for t in typed.graph.initializer}
+    missing = [o for n in typed.graph.node for o in n.output if o and o not in ranked]
+    if not missing:
+        return typed, 0
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto.FromString(typed.SerializeToString())
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in missing)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.intra_op_num_threads = 1  # no spinning thread pool left to compete with torch's threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    got = session.run(missing, {k: v for k, v in feed.items() if k in {i.name for i in session.get_inputs()}})
+    del session
+    keep = [v for v in typed.graph.value_info if v.name not in set(missing)]
+    del typed.graph.value_info[:]
+    typed.graph.value_info.extend(keep)
+    for name, arr in zip(missing, got, strict=True):
+        arr = np.asarray(arr)
+        typed.graph.value_info.append(helper.make_tensor_value_info(
+            name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
+    return typed, len(missing)
+
+
+def convert(path: Path, onnx2torch, feed: dict[str, np.ndarray] | None = None):
+    """(torch fx module from onnx2torch, onnx value types, graph input dtypes, output names, shapes from ORT);
+    with ``feed``, the graph is made static for that feed's shapes first (:func:`fix_shapes`)."""
     import onnx
 
     model = constants_to_initializers(onnx.load(str(path)))
+    from_ort = 0
+    if feed is not None:
+        model, from_ort = fix_shapes(model, feed)
     types_ = _onnx_float_types(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = onnx2torch.convert(model, attach_onnx_mapping=True)
     inits = {t.name for t in model.graph.initializer}
     inputs = [(v.name, types_.get(v.name, "float32")) for v in model.graph.input if v.name not in inits]
-    return module.eval(), types_, inputs, [o.name for o in model.graph.output]
+    return module.eval(), types_, inputs, [o.name for o in model.graph.output], from_ort
 
 
 def _dtype_name(t) -> str:
@@ -222,7 +268,8 @@ def run_module(module, feeds: list[dict], inputs: list[tuple[str, str]], outputs
     every onnx2torch module's outputs against the ONNX value types ({"checked", "mismatched", "examples"})."""
     import torch
 
-    check = {"checked": 0, "mismatched": 0, "examples": [], "torch_dtypes": Counter()}
+    check = {"checked": 0, "mismatched": 0, "examples": [], "torch_dtypes": Counter(), "fp16_max_abs": 0.0,
+             "fp16_max_at": None, "fp16_nonfinite_tensors": 0, "fp16_first_nonfinite": None}
     hooks = []
     if onnx_types is not None:
         def hook(mod, _args, result):
@@ -233,6 +280,14 @@ def run_module(module, feeds: list[dict], inputs: list[tuple[str, str]], outputs
                 got = _dtype_name(v)
                 check["checked"] += 1
                 check["torch_dtypes"][got] += 1
+                if v.dtype == torch.float16 and v.numel():
+                    bad = ~torch.isfinite(v)
+                    if bool(bad.any()):
+                        check["fp16_nonfinite_tensors"] += 1
+                        check["fp16_first_nonfinite"] = check["fp16_first_nonfinite"] or name
+                    peak = float(torch.where(bad, torch.zeros_like(v), v).abs().max())
+                    if peak > check["fp16_max_abs"]:
+                        check["fp16_max_abs"], check["fp16_max_at"] = peak, name
                 if got != onnx_types[name]:
                     check["mismatched"] += 1
                     if len(check["examples"]) < 3:
@@ -272,30 +327,58 @@ def _fp32_everywhere(module) -> None:
             m.torch_dtype = torch.float32
 
 
-def one_row(case: dict, tool: str, path: Path, refs: list[dict], feeds: list[dict], device, onnx2torch,
-            cpu_met=None, high_nodes=None) -> dict:
-    row = {"model": case["model"], "tool": tool, "high_nodes": high_nodes, "cpu_met": cpu_met, "file": path.name}
-    start = time.perf_counter()
+def _err(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+def _run_group(path: Path, feeds: list[dict], device, onnx2torch, fp32: bool, check_dtypes: bool) -> dict:
+    """Convert ``path`` static for these feeds' shapes and run them: {"got", "check", "params", "from_ort", "mode"}
+    or {"error"}. On a CPU dry run, a missing FP16 kernel reruns the model in FP32 (labelled)."""
     try:
-        module, onnx_types, inputs, outputs = convert(path, onnx2torch)
+        module, onnx_types, inputs, outputs, from_ort = convert(path, onnx2torch, feeds[0])
     except Exception as e:  # noqa: BLE001 - a model onnx2torch cannot convert is a result
-        return {**row, "error": f"onnx2torch: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
-    row["params"] = dict(Counter(_dtype_name(t) for t in [*module.parameters(), *module.buffers()]))
-    mode = ("cuda" if device.type == "cuda" else "cpu (dry run)") + (" fp32" if tool == FP32 else " file dtypes")
+        return {"error": f"onnx2torch: {_err(e)}"}
+    out = {"params": dict(Counter(_dtype_name(t) for t in [*module.parameters(), *module.buffers()])),
+           "from_ort": from_ort,
+           "mode": ("cuda" if device.type == "cuda" else "cpu (dry run)") + (" fp32" if fp32 else " file dtypes")}
     try:
         module.to(device)
-        got, check = run_module(module, feeds, inputs, outputs, device, onnx_types)
+        out["got"], out["check"] = run_module(module, feeds, inputs, outputs, device,
+                                              onnx_types if check_dtypes else None)
     except Exception as e:  # noqa: BLE001 - a missing CPU half kernel: the dry run falls back to FP32
-        if device.type == "cuda" or tool == FP32:
-            return {**row, "error": f"torch: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
-        row["fallback_reason"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-        mode = "cpu-fp32-fallback (dry run)"
+        if device.type == "cuda" or fp32:
+            return {"error": f"torch: {_err(e)}"}
+        out.update(fallback_reason=_err(e)[:160], mode="cpu-fp32-fallback (dry run)")
         _fp32_everywhere(module)
         try:
-            got, check = run_module(module, feeds, inputs, outputs, device, None, force_fp32=True)
+            out["got"], out["check"] = run_module(module, feeds, inputs, outputs, device, None, force_fp32=True)
         except Exception as e2:  # noqa: BLE001
-            return {**row, "error": f"torch: {type(e2).__name__}: {str(e2).splitlines()[0][:200]}"}
-    row.update({"mode": mode, "dtype_check": check, "seconds": round(time.perf_counter() - start, 2)})
+            return {"error": f"torch: {_err(e2)}"}
+    return out
+
+
+def one_row(case: dict, tool: str, path: Path, refs: list[dict], feeds: list[dict], device, onnx2torch,
+            cpu_met=None, high_nodes=None) -> dict:
+    """Convert and run ``path`` on every feed (one static conversion per distinct input shape), judge it."""
+    row = {"model": case["model"], "tool": tool, "high_nodes": high_nodes, "cpu_met": cpu_met, "file": path.name}
+    start = time.perf_counter()
+    groups: dict[tuple, list[int]] = {}
+    for i, feed in enumerate(feeds):
+        groups.setdefault(tuple((k, feed[k].shape) for k in sorted(feed)), []).append(i)
+    got: list = [None] * len(feeds)
+    for n, idx in enumerate(groups.values()):
+        res = _run_group(path, [feeds[i] for i in idx], device, onnx2torch, tool == FP32, n == 0)
+        if "error" in res:
+            return {**row, "error": res["error"]}
+        for i, g in zip(idx, res["got"], strict=True):
+            got[i] = g
+        if n == 0:
+            row.update(params=res["params"], mode=res["mode"], dtype_check=res["check"])
+        row["shapes_from_ort"] = row.get("shapes_from_ort", 0) + res["from_ort"]
+        if res.get("fallback_reason"):
+            row.update(mode=res["mode"], fallback_reason=res["fallback_reason"])
+    row.update(conversions=len(groups), seconds=round(time.perf_counter() - start, 2))
     row.update(judge(case["model"], case["kind"], refs, got))
     return row
 
@@ -312,7 +395,7 @@ def _fmt_db(v) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ["model", "tool", "FP32 nodes kept", "task met CPU ORT", "task met here", "worst metric", "SQNR dB",
-            "max |x|", "non-finite", "dtypes kept", "mode / error"]
+            "max |x|", "non-finite", "fp16 max |x| inside", "fp16 inf/NaN tensors", "dtypes kept", "mode / error"]
     cells = []
     for r in rows:
         outs = r.get("outputs") or {}
@@ -330,7 +413,9 @@ def table(rows: list[dict]) -> str:
                       _fmt_bool(r.get("cpu_met")), _fmt_bool(r.get("met")) if "met" in r else "-",
                       r.get("worst_txt", "-"), _fmt_db(first.get("sqnr_db")),
                       "-" if first.get("max_abs") is None else f"{first['max_abs']:.4g}",
-                      str(sum(o["nonfinite"] for o in outs.values())) if outs else "-", kept, extra])
+                      str(sum(o["nonfinite"] for o in outs.values())) if outs else "-",
+                      f"{check['fp16_max_abs']:.4g}" if check and check["fp16_max_abs"] else "-",
+                      str(check["fp16_nonfinite_tensors"]) if check else "-", kept, extra])
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
     widths[-1] = 0
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
