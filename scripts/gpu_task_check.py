@@ -393,8 +393,8 @@ def _fmt_db(v) -> str:
         else f"{v:.1f}"
 
 
-def table(rows: list[dict]) -> str:
-    head = ["model", "tool", "FP32 nodes kept", "task met CPU ORT", "task met here", "worst metric", "SQNR dB",
+def table(rows: list[dict], here: str = "task met here") -> str:
+    head = ["model", "tool", "FP32 nodes kept", "task met CPU ORT", here, "worst metric", "SQNR dB",
             "max |x|", "non-finite", "fp16 max |x| inside", "fp16 inf/NaN tensors", "dtypes kept", "mode / error"]
     cells = []
     for r in rows:
@@ -436,6 +436,15 @@ def _json_safe(v):
 
 
 # ------------------------------------------------------------------------------------------------ main
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def pick_device(name: str):
     """(torch.device, environment dict) or raise CasesError-like SystemExit(2) with one line."""
     import torch
@@ -477,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"gpu_task_check: onnx2torch cannot be imported ({e}); install its wheel on PYTHONPATH", file=sys.stderr)
         return 2
-    env["onnx2torch"] = getattr(onnx2torch, "__version__", "?")
+    env["onnx2torch"] = _version("onnx2torch")
     if note:
         env["torchvision"] = note
     print(f"gpu_task_check: {json.dumps(env)}", flush=True)
@@ -508,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]
             print(f"  {r['model']} {r['tool']}: {r.get('error') or r.get('worst_txt')} ({r.get('seconds', '-')} s)",
                   flush=True)
-    text = table(rows)
+    text = table(rows, "task met GPU FP16" if device.type == "cuda" else "task met CPU (DRY RUN)")
     header = f"# gpu_task_check on {env.get('gpu', 'CPU (DRY RUN, not a GPU result)')}; torch {env['torch']}, " \
              f"cuda {env['cuda_runtime']}, TF32 off; cases made {manifest.get('made')} (git {manifest.get('git')})"
     print(header)
