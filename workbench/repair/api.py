@@ -57,8 +57,9 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     the candidate precision's criterion) that every output of every feed must pass beyond its precision floor.
     ``metric``: ``module:function`` (or ``file.py:function``, or a callable) called per feed as
     ``fn(reference_outputs, candidate_outputs)`` with dicts keyed by output name, returning a number (``target``
-    then is ``">=0.99"``-style, judged on the worst feed) or a bool. ``cand_model``: a user's own FP16/QDQ file
-    (the repaired model is that file with the minimal edits). ``out``: where to save the repaired model.
+    then is ``">=0.99"``-style, judged on the worst feed, or ``"mean>=0.95"``, on the mean over the feeds) or a
+    bool. ``cand_model``: a user's own FP16/QDQ file (the repaired model is that file with the minimal edits).
+    ``out``: where to save the repaired model.
     ``nodes``: search among these nodes (reference names, best first) instead of the comparison's culprits.
     ``max_builds``: cap on candidate builds by the search. ``batch``: "auto" (one switchable model for FP16/BF16
     candidates, a build per set for Q/DQ ones), "switch" or "build". ``verify``: the independent engine the

@@ -101,7 +101,8 @@ class RepairResult:
             lines.append(f"  output {safe_name(out)}: {key} {_fmt(b.get(key))} -> {_fmt(a.get(key))}")
         if self.target.get("kind") == "metric":
             lines.append(f"  {safe_name(self.target.get('metric'))}: {_fmt(self.before.get('value'))} -> "
-                         f"{_fmt(self.after.get('value'))} (worst feed)")
+                         f"{_fmt(self.after.get('value'))} "
+                         f"({'mean over the feeds' if self.target.get('aggregate') == 'mean' else 'worst feed'})")
         for role, v in self.verification.items():
             if v.get("skipped"):
                 lines.append(f"  verified on {role}: skipped ({v['skipped']})")

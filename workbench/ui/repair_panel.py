@@ -404,7 +404,8 @@ def outputs_html(doc: dict) -> str:
     target = doc.get("target") or {}
     if target.get("kind") == "metric":
         before, after = (doc.get("before") or {}).get("value"), (doc.get("after") or {}).get("value")
-        table += f'<div class="wb-culprit">{html.escape(str(target.get("metric")))} (worst feed): ' \
+        agg = "mean over the feeds" if target.get("aggregate") == "mean" else "worst feed"
+        table += f'<div class="wb-culprit">{html.escape(str(target.get("metric")))} ({agg}): ' \
                  f'{html.escape(fmt(before))} -&gt; {html.escape(fmt(after))}</div>'
     return '<div class="wb-h">Outputs before and after</div>' + table
 
