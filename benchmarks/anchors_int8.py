@@ -229,7 +229,11 @@ def run_int8(args=None) -> list[dict]:
     for model in models:
         fp32, calib, heldout = prepare(model, work, int(getattr(args, "heldout", None) or 8),
                                        getattr(args, "calib", None) or "text")
-        rows.append(ours(model, fp32, calib, heldout, work, drop))
+        tools = getattr(args, "tools", None) or ("ours", "nncf")
+        if "ours" in tools:
+            rows.append(ours(model, fp32, calib, heldout, work, drop))
+        if "nncf" not in tools:
+            continue
         if importlib.util.find_spec("nncf") is None:
             row = _row(model, "nncf accuracy control", {"wall_s": 0.0, "rss_mib": 0})
             row["note"] = "nncf is not installed (pip install 'onnx-drift-workbench[anchors]')"
@@ -268,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop", type=float, default=MAX_DROP, help="NNCF's max_drop (absolute) on the mean agreement "
                    "with FP32 over the held-out crops; ours: the same target (default %(default)s: none may change)")
     p.add_argument("--heldout", type=int, default=8, help="held-out crops (default %(default)s)")
+    p.add_argument("--tools", nargs="+", default=["ours", "nncf"], choices=["ours", "nncf"])
     p.add_argument("--calib", default="text", choices=("text", "blank", "unnormalised"), help="calibration set: "
                    "8 rendered crops (default), 8 blank images or the crops in [0, 1] (scripts/int8_qdq_truth.py)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "anchors_int8.txt"))

@@ -152,17 +152,17 @@ def task_score(kind: str, refs: list[np.ndarray], cands: list[np.ndarray]) -> di
     raise ValueError(kind)
 
 
-def agree_rec(ref: dict, cand: dict) -> float:
-    """A repair metric (``--metric scripts/int8_qdq_truth.py:agree_rec --target '>=1'``): 1.0 when the feed
-    decodes as in FP32 (greedy CTC; first output), else 0.0."""
+def agree_rec(ref: dict, cand: dict) -> bool:
+    """A repair metric (``--metric scripts/int8_qdq_truth.py:agree_rec --target '>=1'``, or ``'mean>=0.95'``):
+    True when the feed decodes as in FP32 (greedy CTC; first output)."""
     name = next(iter(ref))
-    return float(task_score("rec", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
+    return bool(task_score("rec", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
 
 
-def agree_cls(ref: dict, cand: dict) -> float:
-    """A repair metric: 1.0 when the feed gets FP32's class (first output), else 0.0."""
+def agree_cls(ref: dict, cand: dict) -> bool:
+    """A repair metric: True when the feed gets FP32's class (first output)."""
     name = next(iter(ref))
-    return float(task_score("cls", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
+    return bool(task_score("cls", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
 
 
 def save_feeds(feeds: list[dict], folder: str | Path) -> Path:

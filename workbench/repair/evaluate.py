@@ -11,7 +11,8 @@ A search evaluation stops at the first feed that misses the target when the targ
 criterion, or a task metric on the worst feed: one failing feed decides it), running the feeds in the order they
 last failed in (move to front): most sets a search tries miss, and most miss on the same few feeds, so an unmet
 set costs a run or two instead of one per feed. Its judgement then counts the feeds run. A mean over the feeds is
-never decided early. The baseline and the verification run every feed.
+decided early only when the metric returns bools (each feed's best is then known): once so many feeds missed that
+the mean cannot reach the threshold. The baseline and the verification run every feed.
 
 With workers (:mod:`workbench.repair.parallel`), :meth:`Evaluator.prefetch` evaluates the sets the search may ask
 for next side by side (every feed; the same stop is applied when the outcome is committed, so the numbers are
@@ -48,6 +49,7 @@ class Evaluation:
     seconds: float
     per_feed: list[dict[str, dict]] = field(default_factory=list, repr=False)
     feed_met: dict[int, bool] = field(default_factory=dict, repr=False)  # by feed index, the feeds run
+    values: list = field(default_factory=list, repr=False)  # the task metric's results, the feeds run
 
     @property
     def met(self) -> bool:
@@ -55,7 +57,7 @@ class Evaluation:
 
     def to_json(self) -> dict:
         return {"kept": list(self.kept), **self.judgement.to_json(), "how": self.how,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "feeds": len(self.feed_met)}
 
 
 class BudgetExhausted(Exception):
@@ -87,6 +89,7 @@ class Evaluator:
         self.ref_outputs = self._reference()
         self.feed_order = list(range(len(self.plan.cand_feeds)))  # failing feeds first (move to front)
         self.stops_early = target.metric is None or target.aggregate != "mean"
+        self.bool_mean = False  # a mean target over a metric that returned bools: stops once out of reach
 
     @property
     def width(self) -> int:
@@ -201,31 +204,52 @@ class Evaluator:
         return ev
 
     def _run_feeds(self, run, role: str) -> dict[int, dict]:
-        """Candidate outputs by feed index: every feed, or (a search set) in :attr:`feed_order` up to the first
-        feed that misses the target."""
+        """Candidate outputs by feed index: every feed, or (a search set) in :attr:`feed_order` up to the feed
+        that decides it misses the target (:meth:`_decided`)."""
         feeds = self.plan.cand_feeds
-        if role != "search" or not self.stops_early:
+        if role != "search" or not (self.stops_early or self.bool_mean):
             return {i: run(f) for i, f in enumerate(feeds)}
-        out = {}
+        out: dict[int, dict] = {}
+        missed = 0
         for i in self.feed_order:
             out[i] = run(feeds[i])
-            if not self._feed_met(i, out[i]):
+            missed += not self._feed_met(i, out[i])
+            if self._decided(missed):
                 break
         return out
 
     def _decide(self, results: dict[int, dict], role: str) -> dict[int, dict]:
         """``results`` of every feed cut as :meth:`_run_feeds` would have stopped (the serial numbers)."""
-        if role != "search" or not self.stops_early:
+        if role != "search" or not (self.stops_early or self.bool_mean):
             return results
-        out = {}
+        out: dict[int, dict] = {}
+        missed = 0
         for i in self.feed_order:
             out[i] = results[i]
-            if not self._feed_met(i, out[i]):
+            missed += not self._feed_met(i, out[i])
+            if self._decided(missed):
                 break
         return out
 
+    def _decided(self, missed: int) -> bool:
+        """Whether ``missed`` feeds missing the target decide the set misses it: one for a per-feed target; for a
+        mean of bools, enough that the mean cannot reach the threshold even if every other feed passes."""
+        if self.stops_early:
+            return missed > 0
+        n, target = len(self.plan.cand_feeds), self.target
+        from .target import _OPS
+
+        best = (n - missed) / n if target.op in (">=", ">") else missed / n
+        return missed > 0 and not _OPS[target.op](best, target.threshold)
+
     def _feed_met(self, i: int, got: dict) -> bool:
         return self._judge((), {i: got}, "", 0.0).met
+
+    def note_baseline(self, ev: Evaluation) -> None:
+        """After the baseline: a mean target over bool results may stop a search evaluation early."""
+        t = self.target
+        self.bool_mean = (t.metric is not None and t.aggregate == "mean" and t.op in (">=", ">", "<=", "<")
+                          and bool(ev.values) and all(isinstance(v, (bool, np.bool_)) for v in ev.values))
 
     def _move_to_front(self, ev: Evaluation) -> None:
         failed = [i for i, ok in ev.feed_met.items() if not ok]
@@ -275,7 +299,7 @@ class Evaluator:
             met[i] = self.target.judge([metrics], [value] if value is not None else None).met
         if self.target.metric is None:
             task = []
-        return Evaluation(kept, self.target.judge(per_feed, task), mode, seconds, per_feed, met)
+        return Evaluation(kept, self.target.judge(per_feed, task), mode, seconds, per_feed, met, task)
 
     def close(self) -> None:
         if self._switch is not None:
