@@ -36,7 +36,7 @@ SMALL = 160
 #: top-level blocks of the descent
 GROUPS = 8
 #: builds the descent may spend on the probe feeds
-BUDGET = 48
+BUDGET = 32
 #: feeds each block is measured on: the worst ones with nothing removed (a build costs more than a few runs)
 PROBES = 8
 
