@@ -145,6 +145,16 @@ def render(rows: list[dict]) -> str:
               f"(independently re-checked: {sum(bool(r['repair_ok']) for r in harmful)}); removed no more Q/DQ pairs "
               f"than needed: {sum(r['repair'] <= r['needed'] for r in sized)} of {len(sized)} "
               "(needed: exact where one node suffices, else the greedy upper bound from the sweep's order)"]
+    first: dict[str, str] = {}
+    same = []
+    for r in rows:
+        name = " ".join((r["model"], r["method"], r["weights"], r["calib"]))
+        if r.get("sha") in first:
+            same.append(f"{name} = {first[r['sha']]}")
+        first.setdefault(r.get("sha"), name)
+    if same:
+        lines.append(f"distinct Q/DQ models: {len(rows) - len(same)} of {len(rows)} (the others byte-identical to an "
+                     f"earlier case, counted again above: {'; '.join(same)})")
     return "\n".join(lines)
 
 
@@ -196,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                         doc = {"ours": o, "repair_ok": ok}
                         o_cache.write_text(json.dumps(doc))
                     row = case_row(model, method, per_channel, calib, t, doc["ours"], doc["repair_ok"])
+                    row["sha"] = sha
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     text = render(rows)
