@@ -7,7 +7,7 @@ task truth decoded from the outputs, and the exhaustive one-node sweep. Nothing 
 workbench.repair): each node reads its activations before their QuantizeLinear/DequantizeLinear pair, its
 quantized weights are replaced by the FP32 model's initializers, and the pair on its own outputs is bypassed for
 every consumer. ``sweep`` does that for one node at a time, for every node that touches a Q/DQ pair, and
-re-measures the task score on held-out rendered inputs.
+re-measures the task score on held-out rendered inputs (line crops for rec and cls, small text pages for det).
 """
 
 from __future__ import annotations
@@ -28,7 +28,20 @@ CALIBS = ("text", "blank", "unnormalised")
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
+DET_PAGE = (256, 320)  # det pages (height, width): multiples of 32, fed at their own size (one fast run each)
+DET_LINES = 4
+
+
 # --- data -----------------------------------------------------------------------------------------------------
+def _page(seed: int) -> np.ndarray:
+    """A small text page for the detector: DET_LINES short lines (``text_for``), rapidocr's det preprocessing at
+    the page's own size (its short side as the limit: no rescale), 1x3x256x320."""
+    h, w = DET_PAGE
+    text = "\n".join(_texts(seed * DET_LINES, DET_LINES))
+    rgb = ocr_truth.render_text_image(text, w, h, 20 + seed % 6, seed)
+    return ocr_truth.det_preprocess(rgb, "ppocr-det", limit_side_len=min(h, w))
+
+
 def _crop(text: str, seed: int, kind: str, rotated: bool = False) -> np.ndarray:
     rgb = ocr_truth.render_text_image(text, None, 48, 28 + seed % 8, seed)
     if kind == "cls":
@@ -49,22 +62,32 @@ def _texts(seed0: int, count: int) -> list[str]:
     return [text_for(seed0 + i) for i in range(count)]
 
 
-def heldout_feeds(kind: str, count: int = 8, input_name: str = "x") -> list[dict[str, np.ndarray]]:
-    """Rendered crops never used for calibration (seeds 5000+); cls: every other crop rotated 180 degrees."""
+def heldout_feeds(kind: str, count: int | None = None, input_name: str = "x") -> list[dict[str, np.ndarray]]:
+    """Rendered inputs never used for calibration (seeds 5000+): 8 crops (cls: every other one rotated 180
+    degrees), det 4 pages."""
+    if kind == "det":
+        return [{input_name: _page(5000 + i)} for i in range(count or 4)]
     return [{input_name: _crop(t, 5000 + i, kind, rotated=kind == "cls" and i % 2 == 1)}
-            for i, t in enumerate(_texts(5000, count))]
+            for i, t in enumerate(_texts(5000, count or 8))]
 
 
 def calib_feeds(kind: str, calib: str, count: int = 8, input_name: str = "x") -> list[dict[str, np.ndarray]]:
-    """Calibration sets: ``text`` (representative rendered crops, seeds 100+), ``blank`` (uniform light images:
-    no text at all), ``unnormalised`` (the same crops scaled to [0, 1] instead of [-1, 1])."""
-    texts = _texts(100, count)
-    feeds = [_crop(t, 100 + i, kind, rotated=kind == "cls" and i % 2 == 1) for i, t in enumerate(texts)]
+    """Calibration sets: ``text`` (representative rendered crops or det pages, seeds 100+), ``blank`` (uniform
+    light images: no text at all), ``unnormalised`` (the same inputs scaled to [0, 1] instead of [-1, 1])."""
+    if kind == "det":
+        feeds = [_page(100 + i) for i in range(count)]
+    else:
+        texts = _texts(100, count)
+        feeds = [_crop(t, 100 + i, kind, rotated=kind == "cls" and i % 2 == 1) for i, t in enumerate(texts)]
     if calib == "blank":
         rng = np.random.default_rng(7)
         feeds = []
         for i in range(count):
             level = float(rng.integers(200, 250))
+            if kind == "det":
+                feeds.append(ocr_truth.det_preprocess(np.full((*DET_PAGE, 3), level, dtype=np.uint8), "ppocr-det",
+                                                      limit_side_len=min(DET_PAGE)))
+                continue
             rgb = np.full((48, 160 + 40 * i, 3), level, dtype=np.uint8)
             feeds.append(ocr_truth.cls_preprocess(rgb) if kind == "cls" else _rec(rgb))
     elif calib == "unnormalised":
@@ -134,7 +157,16 @@ def _edit_distance(a: list[int], b: list[int]) -> int:
 def task_score(kind: str, refs: list[np.ndarray], cands: list[np.ndarray]) -> dict:
     """Task-level agreement with FP32 over feeds. rec: ``healthy`` = every greedy CTC decode equal, ``error`` =
     mean character error rate, ``tie`` = share of CTC frames whose argmax differs; cls: ``healthy`` = every class
-    equal, ``error`` = share of flipped classes, ``tie`` = mean |p_ref - p_cand| of the FP32 class."""
+    equal, ``error`` = share of flipped classes, ``tie`` = mean |p_ref - p_cand| of the FP32 class; det:
+    ``healthy`` = fewer than 0.5% of the DB text-mask pixels (probability > 0.3) flip on every page, ``error`` =
+    mean share of flipped pixels, ``tie`` = mean |p_ref - p_cand| over the probability map."""
+    if kind == "det":
+        flips, gap = [], []
+        for r, c in zip(refs, cands, strict=True):
+            flips.append(float(np.mean(ocr_truth.det_mask(r) != ocr_truth.det_mask(c))))
+            gap.append(float(np.mean(np.abs(r.astype(np.float64) - c))))
+        return {"healthy": max(flips) < ocr_truth.DET_FLIP_LIMIT, "error": float(np.mean(flips)),
+                "tie": float(np.mean(gap))}
     if kind == "rec":
         errs, frames = [], []
         for r, c in zip(refs, cands, strict=True):
@@ -163,6 +195,13 @@ def agree_cls(ref: dict, cand: dict) -> bool:
     """A repair metric: True when the feed gets FP32's class (first output)."""
     name = next(iter(ref))
     return bool(task_score("cls", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
+
+
+def agree_det(ref: dict, cand: dict) -> float:
+    """A repair metric (``--target '>=0.995'``): the share of DB text-mask pixels (probability > 0.3) that agree
+    with FP32 (first output)."""
+    name = next(iter(ref))
+    return 1.0 - task_score("det", [np.asarray(ref[name])], [np.asarray(cand[name])])["error"]
 
 
 def save_feeds(feeds: list[dict], folder: str | Path) -> Path:

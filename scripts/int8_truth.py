@@ -1,22 +1,26 @@
 """INT8 verdict, culprit ranking and repair judged against exhaustive truth on real PP-OCR models.
 
-    python scripts/int8_truth.py [--models ppocr-rec ppocr-cls] [--methods MinMax Entropy Percentile]
+    python scripts/int8_truth.py [--models ppocr-rec ppocr-cls ppocr-det] [--methods MinMax Entropy Percentile]
         [--calibs text blank unnormalised] [--weights tensor channel] [--work DIR] [--out FILE]
 
 Q/DQ models are made by ONNX Runtime's ``quantize_static`` itself (MinMax / Entropy / Percentile, per-tensor and
-per-channel weights) on a representative calibration set (rendered text crops) and two mismatched ones (blank
-images; the crops left in [0, 1] instead of [-1, 1]). Everything judged here runs on 8 held-out rendered crops
-never used for calibration (scripts/int8_qdq_truth.py, which imports nothing of the workbench):
+per-channel weights) on a representative calibration set (rendered text crops; det: 8 small text pages) and two
+mismatched ones (blank images; the inputs left in [0, 1] instead of [-1, 1]). Everything judged here runs on 8
+held-out rendered crops (det: 4 pages of 256x320) never used for calibration (scripts/int8_qdq_truth.py, which
+imports nothing of the workbench):
 
-* task truth: the greedy CTC decode (rec) / the class (cls) of the Q/DQ model against the FP32 model's;
+* task truth: the greedy CTC decode (rec) / the class (cls) of the Q/DQ model against the FP32 model's; det: the
+  DB text mask (probability > 0.3), healthy when fewer than 0.5% of its pixels flip on every page;
 * culprit truth: the exhaustive one-node sweep -- every quantized node dequantized back to float alone, the task
   re-measured (character error rate, then the share of CTC frames whose argmax differs; cls: flipped classes,
-  then the change of the FP32 class's probability);
+  then the change of the FP32 class's probability; det: the share of flipped mask pixels, then the mean change
+  of the probability map);
 * needed Q/DQ removals: 1 when a single node's fix makes the task healthy, else the greedy upper bound (the
   shortest healthy prefix of the sweep's order, shrunk to 1-minimal).
 
 Ours: ``workbench.compare`` (verdict; culprit #1) and ``workbench.repair`` with the task as its metric (the
-decode equal on every held-out crop), both from the prepared FP32 model with the Q/DQ file as ``cand_model``.
+decode, class or mask equal on every held-out input), both from the prepared FP32 model with the Q/DQ file as
+``cand_model``.
 """
 
 from __future__ import annotations
@@ -34,13 +38,14 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import int8_qdq_truth as Q  # noqa: E402
 
-KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls", "ppocrv3-rec": "rec"}
+KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls", "ppocrv3-rec": "rec", "ppocr-det": "det"}
 COLUMNS = ("model", "method", "weights", "calib", "truth", "ours", "top1", "sweep#", "top3", "repair", "needed",
            "removed", "sweep_s", "ours_s")
 
 
 class TaskMetric:
-    """The repair target: the held-out crop decodes (rec) / classifies (cls) as in FP32 (a bool per feed)."""
+    """The repair target: the held-out crop decodes (rec) / classifies (cls) as in FP32, the page's text mask
+    flips fewer than 0.5% of its pixels (det) (a bool per feed)."""
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -140,6 +145,16 @@ def render(rows: list[dict]) -> str:
               f"(independently re-checked: {sum(bool(r['repair_ok']) for r in harmful)}); removed no more Q/DQ pairs "
               f"than needed: {sum(r['repair'] <= r['needed'] for r in sized)} of {len(sized)} "
               "(needed: exact where one node suffices, else the greedy upper bound from the sweep's order)"]
+    first: dict[str, str] = {}
+    same = []
+    for r in rows:
+        name = " ".join((r["model"], r["method"], r["weights"], r["calib"]))
+        if r.get("sha") in first:
+            same.append(f"{name} = {first[r['sha']]}")
+        first.setdefault(r.get("sha"), name)
+    if same:
+        lines.append(f"distinct Q/DQ models: {len(rows) - len(same)} of {len(rows)} (the others byte-identical to an "
+                     f"earlier case, counted again above: {'; '.join(same)})")
     return "\n".join(lines)
 
 
@@ -191,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                         doc = {"ours": o, "repair_ok": ok}
                         o_cache.write_text(json.dumps(doc))
                     row = case_row(model, method, per_channel, calib, t, doc["ours"], doc["repair_ok"])
+                    row["sha"] = sha
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     text = render(rows)
