@@ -136,7 +136,7 @@ def ours(model: str, fp32: Path, calib: Path, heldout: Path, work: Path, drop: f
         p.unlink(missing_ok=True)
     r = _run([sys.executable, "-m", "workbench", "repair", str(fp32), "--ref", "ort", "--cand", "ort:int8",
               "--calib", str(calib), "--inputs", str(heldout), "--metric", f"scripts/int8_qdq_truth.py:agree_{kind}",
-              "--target", target(drop, heldout), "--verify", "none", "--max-builds", "60", "--out", str(out),
+              "--target", target(drop, heldout), "--verify", "none", "--out", str(out),
               "--json", str(js)])
     row = _row(model, "workbench repair", r)
     if not out.exists():
