@@ -141,6 +141,10 @@ class ComparisonPlan(PlanEngines):
             cand_loaded = load_model(cand_model)
             self.cand_model = cand_loaded.proto
             self.views: dict[str, str | None] = {}
+            if any(n.op_type == "DequantizeLinear" for n in self.cand_model.graph.node):
+                from ..variants.int8 import qdq_outputs  # a user's Q/DQ file: compare what consumers read
+
+                self.views = dict(qdq_outputs(self.cand_model, self.ref_model))
             self.variant_info = {"variant": "user model", "file": cand_loaded.name,
                                  "sha256": cand_loaded.fingerprint}
             self.clamps = _user_file_changes(self.ref_model, self.cand_model, self.variant_info)
