@@ -28,6 +28,7 @@ from ..errors import EngineRunError
 from .graph import QDQ_OPS
 from .islands import IslandBuilder
 from .qdq_order import _judge, quantized_nodes
+from .search import split_even
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,10 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
     return ordered, summary
 
 
+def _split(block: tuple[str, ...], parts: int) -> list[tuple[str, ...]]:
+    return [tuple(piece) for piece in split_even(block, parts)]
+
+
 def _mean_sqnr(ev, indices: list[int], results: list[dict]) -> float:
     """Mean SQNR (dB, capped at 200) of every judged output over the feeds at ``indices``."""
     from ..core.metrics import ErrorStats
@@ -138,15 +143,3 @@ def _mean_sqnr(ev, indices: list[int], results: list[dict]) -> float:
             v = ErrorStats().update(ev.ref_outputs[i][r], got[c]).metrics().get("sqnr_db")
             values.append(min(200.0, float(v)) if v is not None and not math.isnan(float(v)) else -200.0)
     return sum(values) / len(values) if values else 0.0
-
-
-def _split(block: tuple[str, ...], parts: int) -> list[tuple[str, ...]]:
-    """``block`` cut into at most ``parts`` contiguous, nearly equal, non-empty pieces."""
-    parts = max(1, min(parts, len(block)))
-    size, extra = divmod(len(block), parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + size + (i < extra)
-        out.append(block[start:end])
-        start = end
-    return out

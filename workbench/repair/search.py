@@ -147,7 +147,7 @@ def _shrink_chunks(ev: Evaluator, kept: list[str], needed: str | None) -> tuple[
 def _chunk_passes(ev: Evaluator, kept: list[str], needed: str | None) -> list[str]:
     parts = 2
     while len(kept) > 2 * parts - 1:
-        chunks = [c for c in reversed(_chunks(kept, parts)) if needed not in c]
+        chunks = [c for c in reversed(split_even(kept, parts)) if needed not in c]
         trials = [[n for n in kept if n not in set(c)] for c in chunks]
         removed = False
         for j, chunk in enumerate(chunks):
@@ -167,8 +167,9 @@ def _chunk_passes(ev: Evaluator, kept: list[str], needed: str | None) -> list[st
     return kept
 
 
-def _chunks(items: list[str], parts: int) -> list[list[str]]:
-    """``items`` cut into ``parts`` contiguous, nearly equal, non-empty pieces (fewer when there are fewer items)."""
+def split_even(items: Sequence[str], parts: int) -> list[list[str]]:
+    """``items`` cut into ``parts`` contiguous, nearly equal, non-empty pieces (fewer when there are fewer items),
+    in order."""
     parts = max(1, min(parts, len(items)))
     size, extra = divmod(len(items), parts)
     out, start = [], 0
