@@ -236,11 +236,26 @@ def quantized_nodes(qdq) -> list[str]:
     return out
 
 
+def name_unnamed(model):
+    """``model`` with each unnamed top-level node named ``OP_INDEX`` (its op type and position), the names the
+    workbench gives unnamed nodes when it loads a file, so that a set of node names it returns can be applied to
+    the file as it is on disk."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for i, n in enumerate(model.graph.node):
+        if not n.name and f"{n.op_type}_{i}" not in taken:
+            n.name = f"{n.op_type}_{i}"
+    return model
+
+
 def remove_qdq(qdq, fp32, nodes: Iterable[str]):
-    """A copy of ``qdq`` with ``nodes`` computing in float (see the module docstring)."""
+    """A copy of ``qdq`` with ``nodes`` computing in float (see the module docstring). A name that is no node of
+    ``qdq`` is an error (never skipped silently)."""
     import onnx
 
     nodes = set(nodes)
+    unknown = nodes - {n.name for n in qdq.graph.node}
+    if unknown:
+        raise ValueError(f"no node named {sorted(unknown)[:3]} in the Q/DQ model")
     model = onnx.ModelProto()
     model.CopyFrom(qdq)
     g = model.graph

@@ -116,7 +116,7 @@ def test_group_testing_finds_the_single_pair_the_sweep_needs(cls_case, monkeypat
     assert result.met and len(result.kept) == 1 and result.minimal
     assert _classes(result.model, feeds) == want
     # independently: that one node's Q/DQ removed by the truth script's own edit heals every crop
-    healed = Q.remove_qdq(onnx.load(str(qdq)), onnx.load(str(fp32)), result.kept)
+    healed = Q.remove_qdq(Q.name_unnamed(onnx.load(str(qdq))), onnx.load(str(fp32)), result.kept)
     assert _classes(healed, feeds) == want
 
 
