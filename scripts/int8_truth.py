@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                         doc = json.loads(o_cache.read_text())  # the independent re-check is cheap: always redone
                         doc["repair_ok"] = judge_repair(runner, qdq, doc["ours"]["repair"]["kept"]) \
                             if not t["healthy"] else None
+                    else:
                         o = ours(kind, fp32, qdq, feeds)
                         ok = judge_repair(runner, qdq, o["repair"]["kept"]) if not t["healthy"] else None
                         doc = {"ours": o, "repair_ok": ok}
