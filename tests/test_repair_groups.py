@@ -70,3 +70,15 @@ def test_split_keeps_graph_order_and_every_node(n, parts):
     pieces = _split(items, parts)
     assert sum(pieces, ()) == items and all(pieces) and len(pieces) == min(n, parts)
     assert max(map(len, pieces)) - min(map(len, pieces)) <= 1
+
+
+def test_search_starts_with_the_unit_group_testing_kept_whole():
+    """``start``: the pool's first nodes are known to matter only together, so the first prefix tried holds them
+    all (no builds on prefixes that split them)."""
+    from types import SimpleNamespace
+
+    oracle = _Oracle(set(NAMES[:6]))
+    oracle.use_switch = lambda pool: False
+    kept, minimal = S.search(oracle, list(NAMES), SimpleNamespace(met=False), start=6)
+    assert oracle.asked[0] == frozenset(NAMES[:6])
+    assert set(kept) == set(NAMES[:6]) and minimal

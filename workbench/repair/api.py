@@ -201,8 +201,9 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         ev.note_baseline(before)
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
+        start = 1
         if builder.kind == "qdq" and nodes is None and not before.met:
-            pool = _order_qdq(ev, builder, pool, before, notes, timing)
+            pool, start = _order_qdq(ev, builder, pool, before, notes, timing)
         island_pool, base = pool, before
         if rewrites:  # rewrites first: they keep the nodes in the candidate precision
             rewritten, island_pool, base = rewrite_first(ev, pool, before, notes)
@@ -212,7 +213,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             scratch = temporary_dir("workbench-repair-")
             workers = RepairWorkers(plan, ev.builder, [c for _, c in outputs], spec, scratch.name)
             ev.workers = workers
-        kept, minimal = search(ev, island_pool, base)
+        kept, minimal = search(ev, island_pool, base, start)
         if kept is None and rewritten:
             notes.append("no island set met the target on the rewritten model: searched the candidate as converted")
             rewritten, island_pool = [], pool
@@ -270,9 +271,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
 
 
 def _order_qdq(ev: Evaluator, builder: IslandBuilder, pool: list[str], before, notes: list[str],
-               timing: dict) -> list[str]:
-    """The Q/DQ pool ordered by measurement: node by node up to :data:`qdq_groups.SMALL` quantized nodes, by group
-    testing above (:mod:`workbench.repair.qdq_groups`)."""
+               timing: dict) -> tuple[list[str], int]:
+    """(the Q/DQ pool ordered by measurement, the first prefix size for the search): node by node up to
+    :data:`qdq_groups.SMALL` quantized nodes, by group testing above (:mod:`workbench.repair.qdq_groups`; the
+    search starts with the first unit it found whole)."""
     from .qdq_groups import SMALL, order_by_groups
     from .qdq_order import order_pool, quantized_nodes
 
@@ -290,7 +292,7 @@ def _order_qdq(ev: Evaluator, builder: IslandBuilder, pool: list[str], before, n
                          f"{ordering['isolated']} node(s) isolated, {ordering['helping']} in blocks that help")
     if ordering:
         timing["qdq_order_s"] = ordering["seconds"]
-    return ordered
+    return ordered, int(ordering.get("first_unit") or 1)
 
 
 def _verify_on_candidate(ev: Evaluator, builder: IslandBuilder, kept):

@@ -121,7 +121,8 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
     ordered = helping + [n for s, _, b in rest if not s < base for n in b]
     ordered += [n for n in pool if n not in set(ordered)]
     summary = {"measured": spent, "nodes": len(nodes), "blocks": GROUPS, "probes": len(probes),
-               "isolated": len(isolated), "units": len(units), "helping": len(helping), "top": isolated[:5],
+               "isolated": len(isolated), "units": len(units),
+               "first_unit": len(units[0]) if units else 1, "helping": len(helping), "top": isolated[:5],
                "all_float_met": True, "seconds": round(time.perf_counter() - t0, 3)}
     log.info("Q/DQ pool by blocks: %d node(s), %d builds on %d probe feed(s) in %.1fs; %d unit(s) of %d node(s) "
              "isolated, %d help", len(nodes), spent, len(probes), summary["seconds"], len(units), len(isolated),

@@ -68,8 +68,11 @@ def candidate_pool(result, plan, known: set[str], limit: int = 64, notes: list[s
     return pool
 
 
-def search(ev: Evaluator, pool: Sequence[str], baseline: Evaluation) -> tuple[tuple[str, ...] | None, bool]:
-    """(kept set, 1-minimal proven) -- the set is None when no evaluated set met the target."""
+def search(ev: Evaluator, pool: Sequence[str], baseline: Evaluation, start: int = 1
+           ) -> tuple[tuple[str, ...] | None, bool]:
+    """(kept set, 1-minimal proven) -- the set is None when no evaluated set met the target. ``start``: the first
+    prefix size grown (the pool's first nodes are known to matter only together, e.g. a block group testing kept
+    whole)."""
     pool = list(pool)
     if baseline.met:
         return (), True
@@ -78,7 +81,7 @@ def search(ev: Evaluator, pool: Sequence[str], baseline: Evaluation) -> tuple[tu
     try:
         ev.use_switch(pool)
         lo, hi = 0, None  # pool[:lo] fails (or untried), pool[:hi] passes
-        size = 1
+        size = max(1, min(start, len(pool)))
         while True:
             k = min(size, len(pool))
             ev.prefetch([pool[:j] for j in _prefix_sizes(size, len(pool))][:ev.width])
