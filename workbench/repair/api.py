@@ -198,7 +198,6 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     rewritten: list = []
     try:
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
-        ev.note_baseline(before)
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
         start = 1

@@ -172,11 +172,12 @@ class Evaluator:
         if model is None and self._switch is not None and key <= set(self._pool):
             mode = "switch"
             if ahead is not None:
-                results = ahead.results
+                judged = self._judged_feeds(ahead.results.__getitem__, role)
             else:
                 session, flags = self._switch
                 extra = {f: np.array(name in key) for name, f in flags.items()}
-                results = self._run_feeds(lambda cfeed: session.run({**cfeed, **extra}), role)
+                feeds = self.plan.cand_feeds
+                judged = self._judged_feeds(lambda i: session.run({**feeds[i], **extra}), role)
         else:
             mode = "build"
             if role == "search":
@@ -184,15 +185,16 @@ class Evaluator:
             else:
                 self.builds_by_role[role] = self.builds_by_role.get(role, 0) + 1
             if ahead is not None:
-                results = ahead.results
+                judged = self._judged_feeds(ahead.results.__getitem__, role)
             else:
                 model = model if model is not None else self.builder.build(list(kept))
                 with self.plan.cand_engine.prepare(model, [c for _, c in self.outputs]) as session:
-                    results = self._run_feeds(session.run, role)
+                    feeds = self.plan.cand_feeds
+                    judged = self._judged_feeds(lambda i: session.run(feeds[i]), role)
         seconds = ahead.seconds if ahead is not None else time.perf_counter() - t0
-        if isinstance(results, list):  # every feed, in feed order (a worker's, or a non-search role's)
-            results = self._decide(dict(enumerate(results)), role)
-        ev = self._judge(tuple(kept), results, mode if role == "search" else role, seconds)
+        ev = self._evaluation(tuple(kept), judged, mode if role == "search" else role, seconds)
+        if role == "baseline":
+            self._note_baseline(ev)
         self._move_to_front(ev)
         self._cache.setdefault(key, ev)
         self.evaluations.append(ev)
@@ -203,33 +205,27 @@ class Evaluator:
                  ev.how, ev.seconds)
         return ev
 
-    def _run_feeds(self, run, role: str) -> dict[int, dict]:
-        """Candidate outputs by feed index: every feed, or (a search set) in :attr:`feed_order` up to the feed
-        that decides it misses the target (:meth:`_decided`)."""
-        feeds = self.plan.cand_feeds
-        if role != "search" or not (self.stops_early or self.bool_mean):
-            return {i: run(f) for i, f in enumerate(feeds)}
-        out: dict[int, dict] = {}
+    def _judged_feeds(self, outputs, role: str) -> dict[int, tuple]:
+        """Each feed judged (:meth:`_feed`; ``outputs(i)``: the candidate's outputs on feed ``i``, run or read from
+        a worker's results), by feed index: every feed, or (a search set) in :attr:`feed_order` up to the feed that
+        decides it misses the target (:meth:`_decided`)."""
+        early = role == "search" and (self.stops_early or self.bool_mean)
+        out: dict[int, tuple] = {}
         missed = 0
-        for i in self.feed_order:
-            out[i] = run(feeds[i])
-            missed += not self._feed_met(i, out[i])
-            if self._decided(missed):
+        for i in (self.feed_order if early else range(len(self.plan.cand_feeds))):
+            out[i] = self._feed(i, outputs(i))
+            missed += not out[i][2]
+            if early and self._decided(missed):
                 break
         return out
 
-    def _decide(self, results: dict[int, dict], role: str) -> dict[int, dict]:
-        """``results`` of every feed cut as :meth:`_run_feeds` would have stopped (the serial numbers)."""
-        if role != "search" or not (self.stops_early or self.bool_mean):
-            return results
-        out: dict[int, dict] = {}
-        missed = 0
-        for i in self.feed_order:
-            out[i] = results[i]
-            missed += not self._feed_met(i, out[i])
-            if self._decided(missed):
-                break
-        return out
+    def _feed(self, i: int, got: dict, candidate_names: bool = True) -> tuple[dict, Any, bool]:
+        """Feed ``i`` judged: (output -> metrics, the task metric's value or None, whether it meets the target)."""
+        ref = self.ref_outputs[i]
+        cand = {r: got[c if candidate_names else r] for r, c in self.outputs}
+        metrics = {r: ErrorStats().update(ref[r], cand[r]).metrics() for r, _ in self.outputs}
+        value = self.target.task_value(ref, cand) if self.target.metric is not None else None
+        return metrics, value, self.target.judge([metrics], None if value is None else [value]).met
 
     def _decided(self, missed: int) -> bool:
         """Whether ``missed`` feeds missing the target decide the set misses it: one for a per-feed target; for a
@@ -242,10 +238,7 @@ class Evaluator:
         best = (n - missed) / n if target.op in (">=", ">") else missed / n
         return missed > 0 and not _OPS[target.op](best, target.threshold)
 
-    def _feed_met(self, i: int, got: dict) -> bool:
-        return self._judge((), {i: got}, "", 0.0).met
-
-    def note_baseline(self, ev: Evaluation) -> None:
+    def _note_baseline(self, ev: Evaluation) -> None:
         """After the baseline: a mean target over bool results may stop a search evaluation early."""
         t = self.target
         self.bool_mean = (t.metric is not None and t.aggregate == "mean" and t.op in (">=", ">", "<=", "<")
@@ -283,23 +276,19 @@ class Evaluator:
 
     def judge_outputs(self, results: list[dict[str, np.ndarray]], candidate_names: bool = True) -> Judgement:
         """Judge raw outputs (per feed, keyed by candidate names, or by reference names)."""
-        return self._judge((), results, "", 0.0, candidate_names).judgement
+        return self.judge_feeds(dict(enumerate(results)), candidate_names).judgement
 
-    def _judge(self, kept, results, mode, seconds, candidate_names: bool = True) -> Evaluation:
-        """``results``: outputs per feed, a list in feed order or a dict by feed index (the feeds run)."""
-        items = sorted(results.items()) if isinstance(results, dict) else list(enumerate(results))
-        per_feed, task, met = [], [], {}
-        for i, got in items:
-            ref = self.ref_outputs[i]
-            cand = {r: got[c if candidate_names else r] for r, c in self.outputs}
-            metrics = {r: ErrorStats().update(ref[r], cand[r]).metrics() for r, _ in self.outputs}
-            per_feed.append(metrics)
-            value = self.target.task_value(ref, cand) if self.target.metric is not None else None
-            task.append(value)
-            met[i] = self.target.judge([metrics], [value] if value is not None else None).met
-        if self.target.metric is None:
-            task = []
-        return Evaluation(kept, self.target.judge(per_feed, task), mode, seconds, per_feed, met, task)
+    def judge_feeds(self, results: dict[int, dict], candidate_names: bool = True) -> Evaluation:
+        """Raw outputs of some feeds (by feed index) judged together, as a search set on those feeds."""
+        return self._evaluation((), {i: self._feed(i, got, candidate_names) for i, got in results.items()}, "", 0.0)
+
+    def _evaluation(self, kept, judged: dict[int, tuple], mode, seconds) -> Evaluation:
+        """An Evaluation of the feeds in ``judged`` (:meth:`_judged_feeds`), in feed order."""
+        items = sorted(judged.items())
+        per_feed = [metrics for _, (metrics, _, _) in items]
+        task = [value for _, (_, value, _) in items] if self.target.metric is not None else []
+        return Evaluation(kept, self.target.judge(per_feed, task), mode, seconds, per_feed,
+                          {i: ok for i, (_, _, ok) in items}, task)
 
     def close(self) -> None:
         if self._switch is not None:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from ..errors import EngineRunError
 from .graph import QDQ_OPS
 from .islands import IslandBuilder
-from .qdq_order import _judge, quantized_nodes
+from .qdq_order import quantized_nodes
 from .search import split_even
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,9 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
     def score(indices: list[int], results: list[dict]) -> tuple:
         """Met first, then fewer failing feeds, a better worst value, then the outputs' mean SQNR (higher first):
         a task metric is often a step (a crop decodes right or not), the SQNR says which way a block moves it."""
-        j = _judge(ev, indices, results)
-        return (not j.met, j.failing, j.badness, -_mean_sqnr(ev, indices, results))
+        e = ev.judge_feeds(dict(zip(indices, results)))
+        j = e.judgement
+        return (not j.met, j.failing, j.badness, -_mean_sqnr(e.per_feed))
 
     everything = ev.evaluate(nodes)  # a search build, cached: the search's longest prefix reuses it
     if not everything.met:
@@ -102,11 +103,11 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
         s, _, block = heap[0]
         if s >= base:  # the best block left does not help: nothing below it will
             break
+        if len(block) > 1 and spent + 2 > budget:  # no builds left to split it: it stays with the rest
+            break
         heapq.heappop(heap)
-        if len(block) == 1 or spent + 2 > budget:
-            units.append(block) if len(block) == 1 else heapq.heappush(heap, (s, seq, block))
-            if len(block) > 1:
-                break
+        if len(block) == 1:
+            units.append(block)
             continue
         halves = [(measure(h), h) for h in _split(block, 2)]
         if min(hs for hs, _ in halves)[:2] > s[:2]:  # each half alone fails feeds the block fixes: keep it whole
@@ -134,13 +135,8 @@ def _split(block: tuple[str, ...], parts: int) -> list[tuple[str, ...]]:
     return [tuple(piece) for piece in split_even(block, parts)]
 
 
-def _mean_sqnr(ev, indices: list[int], results: list[dict]) -> float:
-    """Mean SQNR (dB, capped at 200) of every judged output over the feeds at ``indices``."""
-    from ..core.metrics import ErrorStats
-
-    values = []
-    for i, got in zip(indices, results):
-        for r, c in ev.outputs:
-            v = ErrorStats().update(ev.ref_outputs[i][r], got[c]).metrics().get("sqnr_db")
-            values.append(min(200.0, float(v)) if v is not None and not math.isnan(float(v)) else -200.0)
+def _mean_sqnr(per_feed: list[dict[str, dict]]) -> float:
+    """Mean SQNR (dB, capped at 200; NaN counts as -200) of every judged output over the feeds judged."""
+    values = [m.get("sqnr_db") for metrics in per_feed for m in metrics.values()]
+    values = [min(200.0, float(v)) if v is not None and not math.isnan(float(v)) else -200.0 for v in values]
     return sum(values) / len(values) if values else 0.0

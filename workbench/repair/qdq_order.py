@@ -125,15 +125,6 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
 
 
 def _judge(ev, indices: list[int], results: list[dict]):
-    """The target's judgement of ``results`` (candidate outputs of the feeds at ``indices``), as
-    :meth:`Evaluator.judge_outputs` judges all feeds."""
-    from ..core.metrics import ErrorStats
-
-    per_feed, task = [], []
-    for i, got in zip(indices, results):
-        ref = ev.ref_outputs[i]
-        cand = {r: got[c] for r, c in ev.outputs}
-        per_feed.append({r: ErrorStats().update(ref[r], cand[r]).metrics() for r, _ in ev.outputs})
-        if ev.target.metric is not None:
-            task.append(ev.target.task_value(ref, cand))
-    return ev.target.judge(per_feed, task)
+    """The target's judgement of ``results`` (candidate outputs of the feeds at ``indices``), as the Evaluator
+    judges a set on those feeds."""
+    return ev.judge_feeds(dict(zip(indices, results))).judgement

@@ -151,13 +151,13 @@ def _chunk_passes(ev: Evaluator, kept: list[str], needed: str | None) -> list[st
     parts = 2
     while len(kept) > 2 * parts - 1:
         chunks = [c for c in reversed(split_even(kept, parts)) if needed not in c]
-        trials = [[n for n in kept if n not in set(c)] for c in chunks]
+        ahead = [[n for n in kept if n not in set(c)] for c in chunks]  # what prefetch guesses: every trial fails
         removed = False
         for j, chunk in enumerate(chunks):
-            trial = [n for n in kept if n not in set(chunk)]
+            trial = [n for n in kept if n not in set(chunk)]  # from the set as it stands after this pass's drops
             if not trial:
                 continue
-            ev.prefetch(trials[j:j + ev.width])
+            ev.prefetch(ahead[j:j + ev.width])
             try:
                 met = ev.evaluate(trial).met
             except BudgetExhausted:
