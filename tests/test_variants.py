@@ -188,7 +188,8 @@ def test_int8_qdq_model_runs_and_the_outlier_costs_accuracy():
     ops = [n.op_type for n in result.model.graph.node]
     assert ops.count("QuantizeLinear") >= 5 and ops.count("DequantizeLinear") >= 8
     assert result.details["calibration_method"] == "minmax" and result.details["calibration_feeds"] == 32
-    assert result.details["preprocessing"].startswith("quant_pre_process")
+    assert result.details["preprocessing"].startswith("ONNX shape inference")  # every tensor typed by it
+    assert result.details["calibrator"].startswith("ORT minmax ranges from the tensor scan")
     assert result.excluded_nodes == [] and result.details["opset_upgrade"] is None
     weights = [n for n in result.model.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith(
         "weight_quantized")]
@@ -201,6 +202,34 @@ def test_int8_qdq_model_runs_and_the_outlier_costs_accuracy():
 
     pct = to_int8(model, feeds, method="percentile", percentile=99.9)
     assert _cos(ref, np.concatenate([_run(pct.model, f) for f in feeds])) > 0.98  # measured 0.987
+
+
+def _graph_key(model: onnx.ModelProto) -> tuple:
+    nodes = [(n.op_type, tuple(n.input), tuple(n.output), [a.SerializeToString() for a in n.attribute])
+             for n in model.graph.node]
+    return nodes, sorted((t.name, t.SerializeToString()) for t in model.graph.initializer)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_int8_fast_path_is_ort_own_pipeline_bit_for_bit(tmp_path, per_channel):
+    """Without quant_pre_process and with the scan's min/max as ranges, the INT8 model is node for node and byte
+    for byte what ONNX Runtime's documented pipeline (quant_pre_process, then quantize_static with its MinMax
+    calibrator) makes of the same model and feeds."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from workbench.variants.calibration import data_reader
+
+    model, feeds = _load("int8_outlier.onnx"), _outlier_feeds()[:8]
+    ours = to_int8(model, feeds, per_channel=per_channel)
+    assert ours.details["calibrator"].startswith("ORT minmax ranges from the tensor scan")
+    onnx.save(model, tmp_path / "m.onnx")
+    quant_pre_process(str(tmp_path / "m.onnx"), str(tmp_path / "pre.onnx"), skip_optimization=True)
+    quantize_static(str(tmp_path / "pre.onnx"), str(tmp_path / "q.onnx"), data_reader(feeds),
+                    quant_format=QuantFormat.QDQ, per_channel=per_channel, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+    assert _graph_key(ours.model) == _graph_key(onnx.load(str(tmp_path / "q.onnx")))
 
 
 def test_int8_range_overrides_set_the_scale():
@@ -251,15 +280,20 @@ def test_int8_upgrades_opset_12_for_per_channel():
 def test_int8_falls_back_when_symbolic_shape_inference_fails_and_writes_nothing_to_cwd(tmp_path, monkeypatch):
     """MaxPool/2 then Resize x2 gives 2*floor(H/2), which ORT's symbolic inference cannot merge with H at the Add:
     quant_pre_process fails ("Incomplete symbolic shape inference") and dumps sym_shape_infer_temp.onnx into the
-    working directory; the variant retries without symbolic inference, from inside its temporary folder."""
+    working directory; the variant retries without symbolic inference, from inside its temporary folder. (The
+    contrib Gelu leaves a tensor ONNX's inference cannot type, so pre-processing is not skipped.)"""
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
     graph = helper.make_graph(
         [helper.make_node("MaxPool", ["x"], ["p"], name="/pool/MaxPool", kernel_shape=[2, 2], strides=[2, 2]),
          helper.make_node("Resize", ["p", "", "scales"], ["u"], name="/up/Resize", mode="nearest"),
-         helper.make_node("Add", ["x", "u"], ["y"], name="/add/Add")], "sym",
+         helper.make_node("Add", ["x", "u"], ["a"], name="/add/Add"),
+         # a contrib op ONNX's own inference cannot type: pre-processing is needed, so quant_pre_process runs
+         helper.make_node("Gelu", ["a"], ["g"], name="/act/Gelu", domain="com.microsoft"),
+         helper.make_node("Relu", ["g"], ["y"], name="/act/Relu")], "sym",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "H", "W"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])], [scales])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     rng = np.random.default_rng(0)
     feeds = [{"x": rng.standard_normal((1, 1, 8, 8)).astype(np.float32)} for _ in range(2)]

@@ -119,15 +119,20 @@ def cast(src: str, dst: str, to: int, name: str) -> onnx.NodeProto:
     return helper.make_node("Cast", [src], [dst], to=to, name=name)
 
 
+#: standard ops with graph attributes; any node of another domain may have them too
+_SUBGRAPH_OPS = ("If", "Loop", "Scan")
+
+
 def use_counts(graph: onnx.GraphProto) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
     for n in graph.node:
         for i in n.input:
             if i:
                 counts[i] += 1
-        for _, sub in _subgraphs(n):
-            for name in _outer_reads(sub):
-                counts[name] += 1
+        if n.op_type in _SUBGRAPH_OPS or n.domain not in ("", "ai.onnx"):
+            for _, sub in _subgraphs(n):
+                for name in _outer_reads(sub):
+                    counts[name] += 1
     for o in graph.output:
         counts[o.name] += 1
     return counts
@@ -146,24 +151,39 @@ def _outer_reads(graph: onnx.GraphProto) -> set[str]:
 
 def prune(graph: onnx.GraphProto, before: dict[str, int]) -> list[str]:
     """Delete what the edit left unread: initializers, and Constant/Cast/Identity/Q/DQ nodes whose outputs were
-    read before the edit (``before``: use counts then) and are read by nothing now; repeat until stable. Nothing
-    that was already dead is touched. Returns the removed tensor names (their value_info goes too)."""
+    read before the edit (``before``: use counts then) and are read by nothing now, and so on up the chains they
+    feed. Nothing that was already dead is touched. Returns the removed tensor names (their value_info goes too)."""
+    now = use_counts(graph)
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+
+    def dead(i: int) -> bool:
+        n = graph.node[i]
+        return n.op_type in PRUNABLE and bool(n.output) and all(
+            o and before.get(o, 0) > 0 and now.get(o, 0) == 0 for o in n.output)
+
+    gone_nodes: set[int] = set()
+    work = [i for i in range(len(graph.node)) if dead(i)]
+    while work:  # a deleted node no longer reads its inputs: their producers may die in turn
+        i = work.pop()
+        if i in gone_nodes:
+            continue
+        gone_nodes.add(i)
+        for name in graph.node[i].input:  # PRUNABLE ops have no subgraphs
+            if not name:
+                continue
+            now[name] -= 1
+            j = producer.get(name)
+            if now[name] == 0 and j is not None and j not in gone_nodes and dead(j):
+                work.append(j)
     removed: list[str] = []
-    while True:
-        now = use_counts(graph)
-        dead_nodes = [i for i, n in enumerate(graph.node) if n.op_type in PRUNABLE and n.output and all(
-            o and before.get(o, 0) > 0 and now.get(o, 0) == 0 for o in n.output)]
-        dead_inits = [i for i, t in enumerate(graph.initializer) if before.get(t.name, 0) > 0 and
-                      now.get(t.name, 0) == 0]
-        if not dead_nodes and not dead_inits:
-            break
-        for i in reversed(dead_nodes):
-            removed += list(graph.node[i].output)
-            # what this node read was read once more before; keep counting it as previously used
-            del graph.node[i]
-        for i in reversed(dead_inits):
-            removed.append(graph.initializer[i].name)
-            del graph.initializer[i]
+    for i in sorted(gone_nodes, reverse=True):
+        removed += list(graph.node[i].output)
+        del graph.node[i]
+    dead_inits = [i for i, t in enumerate(graph.initializer) if before.get(t.name, 0) > 0 and
+                  now.get(t.name, 0) == 0]
+    for i in reversed(dead_inits):
+        removed.append(graph.initializer[i].name)
+        del graph.initializer[i]
     gone = set(removed)
     keep = [vi for vi in graph.value_info if vi.name not in gone]
     if len(keep) != len(graph.value_info):

@@ -40,6 +40,43 @@ def quiet_stdout():
         log.debug("onnxruntime.quantization: %s", buffer.getvalue().strip())
 
 
+def minmax_ranges(model: Any, ranges: dict, op_types: Any = None) -> Any:
+    """TensorsData for ORT's MinMax calibrator from ``ranges`` ({tensor: (min, max)} over the feeds), for the
+    tensors that calibrator would select on the shape-inferred ``model`` (float inputs/outputs of the nodes of
+    ``op_types``, or of every node), or None when one of them has no range (not float32, not scanned)."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import TensorsData
+
+    graph = model.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*graph.value_info, *graph.output, *graph.input]
+             if vi.type.HasField("tensor_type")}
+    initializers = {t.name for t in graph.initializer}
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+    wanted = {name for node in graph.node if not op_types or node.op_type in op_types
+              for name in [*node.input, *node.output]
+              if types.get(name) in floats and name not in initializers}
+    ranges = {**_constant_ranges(graph, wanted - set(ranges)), **ranges}
+    if not wanted or any(name not in ranges for name in wanted):
+        return None
+    return TensorsData(CalibrationMethod.MinMax, {name: ranges[name] for name in sorted(wanted)})
+
+
+def _constant_ranges(graph: Any, names: set[str]) -> dict:
+    """(min, max) of the float32 Constant-node outputs among ``names`` (a tensor scan does not mark them)."""
+    from onnx import numpy_helper
+
+    out = {}
+    for node in graph.node:
+        if node.op_type != "Constant" or not node.output or node.output[0] not in names:
+            continue
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        array = numpy_helper.to_array(value) if value is not None else None
+        if array is not None and array.dtype == np.float32 and array.size and np.isfinite(array).all():
+            out[node.output[0]] = (np.array([array.min()], np.float32), np.array([array.max()], np.float32))
+    return out
+
+
 def histogram_ranges(values: dict[str, list[np.ndarray]], method: str, percentile: float) -> Any:
     """TensorsData from ORT's own HistogramCollector (as its Percentile/Entropy calibrators configure it) over
     the given arrays: used when some tensors are non-finite, which ORT's calibrators cannot histogram."""

@@ -18,7 +18,7 @@ import onnx
 from ..core.scratch import temporary_dir
 from ..errors import VariantError
 from ..inputs import check_feeds
-from .calibration import data_reader, histogram_ranges, quiet_stdout, range_overrides
+from .calibration import data_reader, histogram_ranges, minmax_ranges, quiet_stdout, range_overrides
 from .graph_names import check_node_names, copy_model, map_tensors, opset_version
 from .nonfinite import nodes_touching, scan_tensors
 from .ort_session import first_line, ort_session
@@ -132,10 +132,27 @@ def _quantize(
             details["preprocessing"] = "none (weights left in their files: quant_pre_process would load them whole)"
             prepared = source
         else:
-            onnx.save_model(copy_model(model), source, save_as_external_data=model.ByteSize() > 2**30,
-                            location="model.data")
-            prepared = _preprocess(source, Path(tmp), details, notes)
-        if method != "minmax" and scan.nonfinite:
+            typed = _typed_by_onnx(model)
+            if typed is not None:  # quant_pre_process would add nothing the quantizer reads (and import torch)
+                onnx.save_model(typed, source)
+                details["preprocessing"] = ("ONNX shape inference (it types every tensor: symbolic inference not "
+                                            "needed), no graph optimisation")
+                prepared = source
+            else:
+                onnx.save_model(copy_model(model), source, save_as_external_data=model.ByteSize() > 2**30,
+                                location="model.data")
+                prepared = _preprocess(source, Path(tmp), details, notes)
+            ranges = (minmax_ranges(typed, scan.ranges, op_types)
+                      if typed is not None and method == "minmax" and not scan.nonfinite else None)
+            if ranges is not None and "calibration_cache_path" in inspect.signature(quantize_static).parameters:
+                # the scan already ran every tensor: its min/max are ORT's MinMax ranges, bit for bit
+                from onnxruntime.quantization.calibrate import save_tensors_data
+
+                kwargs["calibration_cache_path"] = Path(tmp) / "ranges.json"
+                save_tensors_data(ranges, kwargs["calibration_cache_path"])
+        if "calibration_cache_path" in kwargs:
+            details["calibrator"] = "ORT minmax ranges from the tensor scan (the values ORT's MinMax calibrator reads)"
+        elif method != "minmax" and scan.nonfinite:
             if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
                 raise VariantError(f"{method} calibration cannot histogram the non-finite tensors "
                                    f"{', '.join(scan.nonfinite)} with this onnxruntime", "use method='minmax'")
@@ -184,6 +201,29 @@ def _work_dir(keep: bool):
         return
     with temporary_dir("workbench-int8-") as tmp:
         yield tmp
+
+
+def _typed_by_onnx(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` after ONNX shape inference when that gives every tensor of its one graph an element type (what
+    ORT's quantizer reads from pre-processing), else None (subgraphs, >1 GiB, untyped tensors: quant_pre_process
+    decides)."""
+    if model.ByteSize() > 2**30 or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                        for n in model.graph.node for a in n.attribute):
+        return None
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception as e:  # noqa: BLE001 - inference raises assorted C++ errors
+        log.debug("ONNX shape inference failed (%s): quant_pre_process decides", e)
+        return None
+    typed = {vi.name for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
+    typed |= {t.name for t in inferred.graph.initializer}
+    untyped = [o for n in inferred.graph.node for o in n.output if o and o not in typed]
+    if untyped:
+        log.debug("ONNX shape inference leaves %d tensor(s) untyped (%s): quant_pre_process decides", len(untyped),
+                  ", ".join(untyped[:3]))
+        return None
+    return inferred
 
 
 def _preprocess(source: Path, tmp: Path, details: dict, notes: list[str]) -> Path:

@@ -22,10 +22,13 @@ _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DO
 @dataclass
 class TensorScan:
     """``nonfinite``: tensor -> what it held ("-inf", "nan, +inf"). ``values``: per tensor, its arrays over the
-    feeds (only when asked for, and only for tensors that stayed finite)."""
+    feeds (only when asked for, and only for tensors that stayed finite). ``ranges``: per float32 tensor that
+    stayed finite, its (min, max) over the feeds as float32 arrays of shape (1,), the way ONNX Runtime's MinMax
+    calibrator reduces them."""
 
     nonfinite: dict[str, str] = field(default_factory=dict)
     values: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    ranges: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], keep_values: bool = False) -> TensorScan:
@@ -58,14 +61,25 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
             bad = _nonfinite_kinds(arr)
             if bad:
                 kinds.setdefault(name, set()).update(bad)
-            elif keep_values and name not in kinds:
+                continue
+            if keep_values and name not in kinds:
                 scan.values.setdefault(name, []).append(arr)
+            if arr.dtype == np.float32 and arr.size:
+                _widen(scan.ranges, name, arr)
     scan.nonfinite = {name: ", ".join(sorted(k)) for name, k in kinds.items()}
     for name in scan.nonfinite:
         scan.values.pop(name, None)
+        scan.ranges.pop(name, None)
     if scan.nonfinite:
         log.info("non-finite tensors on the calibration feeds: %s", scan.nonfinite)
     return scan
+
+
+def _widen(ranges: dict, name: str, arr: np.ndarray) -> None:
+    low, high = np.array([arr.min()], np.float32), np.array([arr.max()], np.float32)
+    if name in ranges:
+        low, high = np.minimum(ranges[name][0], low), np.maximum(ranges[name][1], high)
+    ranges[name] = (low, high)
 
 
 def _nonfinite_kinds(arr: np.ndarray) -> set[str]:
