@@ -120,6 +120,45 @@ def test_group_testing_finds_the_single_pair_the_sweep_needs(cls_case, monkeypat
     assert _classes(healed, feeds) == want
 
 
+def test_group_testing_says_which_blocks_the_engine_refused(cls_case, monkeypatch):
+    """A block whose build ONNX Runtime refuses (here: an op it has no kernel for, put in the first block's build)
+    is ranked as not helping, and the result says so; the repair still meets the task on real builds."""
+    from onnx import helper
+
+    from workbench.repair import qdq_groups
+    from workbench.repair.api import repair
+
+    monkeypatch.setattr(qdq_groups, "SMALL", 0)
+    real = qdq_groups.order_by_groups
+
+    def refusing(ev, builder, pool, *args, **kwargs):
+        first = builder.build
+        block = len(qdq_groups.quantized_nodes(builder)) // qdq_groups.GROUPS + 1
+
+        def build(nodes):
+            model = first(nodes)
+            if "Conv@0" in nodes and 1 < len(nodes) <= block:  # the first block
+                # gets a node ORT cannot make a kernel for
+                model.graph.node.append(helper.make_node("NoSuchOp", [model.graph.input[0].name], ["unused"],
+                                                         domain="wb.test"))
+                model.opset_import.append(helper.make_opsetid("wb.test", 1))
+            return model
+
+        monkeypatch.setattr(builder, "build", build)
+        try:
+            return real(ev, builder, pool, *args, **kwargs)
+        finally:
+            monkeypatch.setattr(builder, "build", first)
+
+    monkeypatch.setattr(qdq_groups, "order_by_groups", refusing)
+    fp32, qdq, feeds, _ = cls_case
+    result = repair(str(fp32), "ort", "ort", cand_model=str(qdq), feeds=feeds, metric=Q.agree_cls, target=">=1",
+                    verify=None)
+    said = [n for n in result.notes if "could not build or run" in n]
+    assert said and "1 block(s)" in said[0] and "NoSuchOp" in said[0], result.notes
+    assert result.met and _classes(result.model, feeds) == _classes(fp32, feeds)
+
+
 def test_a_mean_target_is_judged_on_the_mean_over_the_feeds(cls_case):
     """``mean>=X``: met when the share of held-out crops classified as in FP32 reaches X (NNCF's reading of a
     drop), not on every crop."""

@@ -91,8 +91,10 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
                 return got
         except EngineRunError as e:
             log.info("block %s... could not be measured: %s", block[:2], e)
+            refused.append((block, str(e).splitlines()[0] if str(e) else type(e).__name__))
             return (True, len(probes), float("inf"), float("inf"))
 
+    refused: list[tuple[tuple[str, ...], str]] = []  # blocks the candidate engine could not build or run
     heap: list = []
     seq = 0
     for block in _split(tuple(nodes), GROUPS):
@@ -121,7 +123,12 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
     helping = isolated + [n for s, _, b in rest if s < base for n in b]
     ordered = helping + [n for s, _, b in rest if not s < base for n in b]
     ordered += [n for n in pool if n not in set(ordered)]
-    summary = {"measured": spent, "nodes": len(nodes), "blocks": GROUPS, "probes": len(probes),
+    if refused:
+        block, why = refused[0]
+        notes.append(f"group testing: {plan.cand_engine.name} could not build or run {len(refused)} block(s) with "
+                     f"their Q/DQ removed (first: {len(block)} node(s) from {block[0]}: {why[:200]}); they were ranked "
+                     "last as not helping. The search still judges every set it keeps on a real build")
+    summary = {"measured": spent, "refused": len(refused), "nodes": len(nodes), "blocks": GROUPS, "probes": len(probes),
                "isolated": len(isolated), "units": len(units),
                "first_unit": len(units[0]) if units else 1, "helping": len(helping), "top": isolated[:5],
                "all_float_met": True, "seconds": round(time.perf_counter() - t0, 3)}
