@@ -5,12 +5,13 @@
                                       [--calib text|blank|unnormalised] [--work DIR] [--out FILE]
     (benchmarks/bench_repair_anchors.py imports run_int8(args) -> rows)
 
-Models: PP-OCR recognizer and direction classifier from the rapidocr wheels (scripts/fetch_models.py), prepared
-once as every tool's FP32 input (opset 13, Constant weights as initializers, ORT shape inference:
-scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops to calibrate on, 8 held-out crops to judge
-on (cls: every other one rotated 180 degrees). Task: the held-out crop decodes (rec, greedy CTC) / classifies
-(cls) as the FP32 model does; both tools must keep agreement at 1.0 (NNCF: ``max_drop=0.01`` absolute on the mean
-agreement over the 8 crops, i.e. none may change; ours: ``--metric ... --target '>=1'`` on every crop).
+Models: PP-OCR recognizer, direction classifier and text detector from the rapidocr wheels
+(scripts/fetch_models.py), prepared once as every tool's FP32 input (opset 13, Constant weights as initializers,
+ORT shape inference: scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops (det: pages) to calibrate
+on, 8 held-out ones to judge on (cls: every other one rotated 180 degrees). Task: the held-out crop decodes (rec,
+greedy CTC) / classifies (cls) as the FP32 model does, the page's text mask flips < 0.5% of its pixels (det);
+both tools must keep agreement at 1.0 (NNCF: ``max_drop=0.01`` absolute on the mean agreement over the 8 crops,
+i.e. none may change; ours: ``--metric ... --target '>=1'`` on every crop).
 
 Ours, one process: ``workbench repair FP32 --cand ort:int8 --calib CALIB --inputs HELDOUT --metric
 scripts/int8_qdq_truth.py:agree_rec --target '>=1' --out fixed.onnx --json r.json``. NNCF, one process:
@@ -34,7 +35,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls"}
+KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls", "ppocr-det": "det"}
+#: the per-feed task metric of each kind (scripts/int8_qdq_truth.py): True when the feed reads as in FP32
+METRICS = {"rec": "agree_rec", "cls": "agree_cls", "det": "healthy_det"}
 MAX_DROP = 0.01
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
@@ -135,7 +138,7 @@ def ours(model: str, fp32: Path, calib: Path, heldout: Path, work: Path, drop: f
     for p in (out, js):
         p.unlink(missing_ok=True)
     r = _run([sys.executable, "-m", "workbench", "repair", str(fp32), "--ref", "ort", "--cand", "ort:int8",
-              "--calib", str(calib), "--inputs", str(heldout), "--metric", f"scripts/int8_qdq_truth.py:agree_{kind}",
+              "--calib", str(calib), "--inputs", str(heldout), "--metric", f"scripts/int8_qdq_truth.py:{METRICS[kind]}",
               "--target", target(drop, heldout), "--verify", "none", "--out", str(out),
               "--json", str(js)])
     row = _row(model, "workbench repair", r)
@@ -181,7 +184,7 @@ def _nncf_one(model: str, fp32: str, calib: str, heldout: str, out: str, drop: s
     logging.getLogger("nncf").setLevel(logging.WARNING)
     import int8_qdq_truth as Q
 
-    fn = Q.agree_rec if KINDS[model] == "rec" else Q.agree_cls
+    fn = getattr(Q, METRICS[KINDS[model]])
     proto = onnx.load(fp32)
     ref = _session(proto)
     name = ref.get_inputs()[0].name
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--nncf-one"]:
         return _nncf_one(*argv[1:7])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=list(KINDS), choices=list(KINDS))
+    p.add_argument("--models", nargs="+", default=["ppocr-cls", "ppocr-rec"], choices=list(KINDS))
     p.add_argument("--work", help="models and data are written under WORK/int8 (default "
                    "~/.cache/workbench-anchors-int8)")
     p.add_argument("--drop", type=float, default=MAX_DROP, help="NNCF's max_drop (absolute) on the mean agreement "

@@ -204,6 +204,13 @@ def agree_det(ref: dict, cand: dict) -> float:
     return 1.0 - task_score("det", [np.asarray(ref[name])], [np.asarray(cand[name])])["error"]
 
 
+def healthy_det(ref: dict, cand: dict) -> bool:
+    """A repair metric (``--target '>=1'``): True when fewer than 0.5% of the page's DB text-mask pixels flip
+    against FP32 (the detector's task truth; first output)."""
+    name = next(iter(ref))
+    return bool(task_score("det", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
+
+
 def save_feeds(feeds: list[dict], folder: str | Path) -> Path:
     """One .npz per feed (000.npz, ...) in ``folder`` (created)."""
     folder = Path(folder)
