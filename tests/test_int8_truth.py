@@ -114,6 +114,8 @@ def test_group_testing_finds_the_single_pair_the_sweep_needs(cls_case, monkeypat
                     verify=None)
     assert any("group testing" in n for n in result.notes), result.notes
     assert result.met and len(result.kept) == 1 and result.minimal
+    # the descent ends at the node that meets the target alone, well before its build budget
+    assert result.builds_detail["ranking"] < qdq_groups.BUDGET, result.builds_detail
     assert _classes(result.model, feeds) == want
     # independently: that one node's Q/DQ removed by the truth script's own edit heals every crop
     healed = Q.remove_qdq(Q.name_unnamed(onnx.load(str(qdq))), onnx.load(str(fp32)), result.kept)

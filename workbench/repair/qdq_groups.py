@@ -6,7 +6,10 @@ and failing feed: 411 nodes of a text recognizer took 234 s. Here the nodes, in 
 :data:`PROBES` worst feeds; the block that helps most is split in two and its halves measured, and so on, best
 first (a priority queue), until single nodes come out or :data:`BUDGET` builds are spent. Quantization error mostly
 adds up along the graph, so a block that holds the nodes that matter helps more than one that does not, and the
-descent costs about 2 log2(n / GROUPS) builds per node it isolates rather than one per node. The pool is: the
+descent costs about 2 log2(n / GROUPS) builds per node it isolates rather than one per node. Where a block meets
+the target alone on the probes, its first half is measured first and, if it meets too, the second is not measured;
+the descent ends at the first node (or whole unit) that meets the target alone, which the search then tries first
+(the common case of one quantized node that breaks the task). The pool is: the
 nodes isolated, best first; then the blocks left when the budget ran out, best first, each in graph order; then
 the blocks that did not help. A build before the descent dequantizes every node: when even that misses the target
 no Q/DQ removal can meet it, and the search is told so at once.
@@ -40,6 +43,9 @@ GROUPS = 8
 BUDGET = 32
 #: feeds each block is measured on: the worst ones with nothing removed (a build costs more than a few runs)
 PROBES = 8
+#: the score of a block not measured (the second half of one whose first half meets the target alone): ranked with
+#: the blocks that did not help
+UNMEASURED = (True, float("inf"), float("inf"), float("inf"))
 
 
 def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes: list[str],
@@ -110,12 +116,21 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
         heapq.heappop(heap)
         if len(block) == 1:
             units.append(block)
+            if not s[0]:  # a node that meets the target alone on the probes: the search tries it first
+                break
             continue
-        halves = [(measure(h), h) for h in _split(block, 2)]
-        if min(hs for hs, _ in halves)[:2] > s[:2]:  # each half alone fails feeds the block fixes: keep it whole
+        halves = _split(block, 2)
+        first = measure(halves[0])
+        if not first[0]:  # the first half alone meets the target: descend into it, the second waits unmeasured
+            scored = [(first, halves[0]), (UNMEASURED, halves[1])]
+        else:
+            scored = [(first, halves[0]), (measure(halves[1]), halves[1])]
+        if min(hs for hs, _ in scored)[:2] > s[:2]:  # each half alone fails feeds the block fixes: keep it whole
             units.append(block)
+            if not s[0]:  # it meets the target on the probes as a whole: the search tries it first
+                break
             continue
-        for hs, half in halves:
+        for hs, half in scored:
             heapq.heappush(heap, (hs, seq, half))
             seq += 1
     isolated = [n for u in units for n in u]
