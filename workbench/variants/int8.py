@@ -134,6 +134,9 @@ def _quantize(
         else:
             typed = _typed_by_onnx(model)
             if typed is not None:  # quant_pre_process would add nothing the quantizer reads (and import torch)
+                from onnxruntime.quantization.quant_utils import add_pre_process_metadata
+
+                add_pre_process_metadata(typed)  # what quant_pre_process(skip_symbolic_shape=True) marks it with
                 onnx.save_model(typed, source)
                 details["preprocessing"] = ("ONNX shape inference (it types every tensor: symbolic inference not "
                                             "needed), no graph optimisation")
