@@ -101,13 +101,17 @@ def test_cli_repair_calib_needs_a_usable_value(cls_case, tmp_path, capsys):
         assert code == 2 and said in err and "Traceback" not in err, err
 
 
-def test_group_testing_finds_the_single_pair_the_sweep_needs(cls_case, monkeypatch):
+@pytest.mark.parametrize("at_once", [True, False])
+def test_group_testing_finds_the_single_pair_the_sweep_needs(cls_case, monkeypatch, at_once):
     """The ordering by blocks (used above qdq_groups.SMALL quantized nodes, forced here on the classifier): the
-    sweep says one pair's removal heals the task, and repair by group testing removes exactly one."""
+    sweep says one pair's removal heals the task, and repair by group testing removes exactly one, with blocks
+    measured two at a time on one-thread sessions (ONNX Runtime CPU) or one after the other (other engines)."""
     from workbench.repair import qdq_groups
     from workbench.repair.api import repair
 
     monkeypatch.setattr(qdq_groups, "SMALL", 0)
+    if not at_once:
+        monkeypatch.setattr(qdq_groups, "_one_thread_engine", lambda engine: None)
     fp32, qdq, feeds, _ = cls_case
     want = _classes(fp32, feeds)
     result = repair(str(fp32), "ort", "ort", cand_model=str(qdq), feeds=feeds, metric=Q.agree_cls, target=">=1",
@@ -116,6 +120,8 @@ def test_group_testing_finds_the_single_pair_the_sweep_needs(cls_case, monkeypat
     assert result.met and len(result.kept) == 1 and result.minimal
     # the descent ends at the node that meets the target alone, well before its build budget
     assert result.builds_detail["ranking"] < qdq_groups.BUDGET, result.builds_detail
+    said = next(n for n in result.notes if "ordered by group testing" in n)
+    assert ("2 at a time" in said) == at_once, said
     assert _classes(result.model, feeds) == want
     # independently: that one node's Q/DQ removed by the truth script's own edit heals every crop
     healed = Q.remove_qdq(Q.name_unnamed(onnx.load(str(qdq))), onnx.load(str(fp32)), result.kept)

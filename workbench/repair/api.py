@@ -286,8 +286,10 @@ def _order_qdq(ev: Evaluator, builder: IslandBuilder, pool: list[str], before, n
     else:
         ordered, ordering = order_by_groups(ev, builder, pool, before, notes)
         if ordering.get("all_float_met"):
+            at_once = f", {ordering['at_once']} at a time" if ordering.get("at_once", 1) > 1 else ""
             notes.append(f"Q/DQ pool: {ordering['nodes']} quantized node(s) ordered by group testing: "
-                         f"{ordering['measured']} block build(s) on {ordering['probes']} probe feed(s), "
+                         f"{ordering['measured']} block build(s) on {ordering['probes']} probe feed(s)"
+                         f"{at_once}, "
                          f"{ordering['isolated']} node(s) isolated, {ordering['helping']} in blocks that help")
     if ordering:
         timing["qdq_order_s"] = ordering["seconds"]

@@ -6,13 +6,16 @@ and failing feed: 411 nodes of a text recognizer took 234 s. Here the nodes, in 
 :data:`PROBES` worst feeds; the block that helps most is split in two and its halves measured, and so on, best
 first (a priority queue), until single nodes come out or :data:`BUDGET` builds are spent. Quantization error mostly
 adds up along the graph, so a block that holds the nodes that matter helps more than one that does not, and the
-descent costs about 2 log2(n / GROUPS) builds per node it isolates rather than one per node. Where a block meets
-the target alone on the probes, its first half is measured first and, if it meets too, the second is not measured;
-the descent ends at the first node (or whole unit) that meets the target alone, which the search then tries first
-(the common case of one quantized node that breaks the task). The pool is: the
-nodes isolated, best first; then the blocks left when the budget ran out, best first, each in graph order; then
-the blocks that did not help. A build before the descent dequantizes every node: when even that misses the target
-no Q/DQ removal can meet it, and the search is told so at once.
+descent costs about 2 log2(n / GROUPS) builds per node it isolates rather than one per node. It ends at the first
+node (or whole unit) that meets the target alone, which the search then tries first (the common case of one
+quantized node that breaks the task). The pool is: the nodes isolated, best first; then the blocks left when the
+budget ran out, best first, each in graph order; then the blocks that did not help. A build before the descent
+dequantizes every node: when even that misses the target no Q/DQ removal can meet it, and the search is told so
+at once.
+
+On ONNX Runtime's CPU provider blocks are measured :data:`WIDTH` at a time on worker threads, each session on one
+thread, so both halves of a block cost one build's time; on other engines one after the other, and where a block
+meets the target alone its second half is measured only when its first half does not.
 
 A build here is the deployable model (the Q/DQ pairs of the block removed, as :meth:`IslandBuilder.build` makes it),
 not a switchable model: on ONNX Runtime a switch between twins breaks the QLinear fusions and computes both twins,
@@ -24,8 +27,10 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import EngineRunError
 from .graph import QDQ_OPS
@@ -43,6 +48,10 @@ GROUPS = 8
 BUDGET = 32
 #: feeds each block is measured on: the worst ones with nothing removed (a build costs more than a few runs)
 PROBES = 8
+#: blocks measured at once on ONNX Runtime's CPU provider, each session on one thread: a small model runs no
+#: slower on one thread than on two, and one session's build (~0.1 s, single-threaded) overlaps the other's runs
+#: (8 builds with their probe runs: 2.1 s one after the other, 1.0 s two at once, on the recognizer)
+WIDTH = 2
 #: the score of a block not measured (the second half of one whose first half meets the target alone): ranked with
 #: the blocks that did not help
 UNMEASURED = (True, float("inf"), float("inf"), float("inf"))
@@ -83,56 +92,47 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
     probes.sort()
     base = score(probes, [base_runs[i] for i in probes])
     spent = 0
-
-    def measure(block: tuple[str, ...]):
-        nonlocal spent
-        spent += 1
-        ev.builds_by_role["ranking"] = ev.builds_by_role.get("ranking", 0) + 1
-        if ev.step is not None:
-            ev.step(0.0, f"Q/DQ removal measured by blocks: build {spent}/{budget}")
-        try:
-            with plan.cand_engine.prepare(builder.build(block), outs) as s:
-                got = score(probes, [s.run(feeds[i]) for i in probes])
-                log.debug("block of %d from %s: %s", len(block), block[0], got)
-                return got
-        except EngineRunError as e:
-            log.info("block %s... could not be measured: %s", block[:2], e)
-            refused.append((block, str(e).splitlines()[0] if str(e) else type(e).__name__))
-            return (True, len(probes), float("inf"), float("inf"))
-
     refused: list[tuple[tuple[str, ...], str]] = []  # blocks the candidate engine could not build or run
-    heap: list = []
-    seq = 0
-    for block in _split(tuple(nodes), GROUPS):
-        heapq.heappush(heap, (measure(block), seq, block))
-        seq += 1
-    units: list[tuple[str, ...]] = []  # single nodes, or blocks whose effect needs all of them, best first
-    while heap and spent < budget:
-        s, _, block = heap[0]
-        if s >= base:  # the best block left does not help: nothing below it will
-            break
-        if len(block) > 1 and spent + 2 > budget:  # no builds left to split it: it stays with the rest
-            break
-        heapq.heappop(heap)
-        if len(block) == 1:
-            units.append(block)
-            if not s[0]:  # a node that meets the target alone on the probes: the search tries it first
-                break
-            continue
-        halves = _split(block, 2)
-        first = measure(halves[0])
-        if not first[0]:  # the first half alone meets the target: descend into it, the second waits unmeasured
-            scored = [(first, halves[0]), (UNMEASURED, halves[1])]
-        else:
-            scored = [(first, halves[0]), (measure(halves[1]), halves[1])]
-        if min(hs for hs, _ in scored)[:2] > s[:2]:  # each half alone fails feeds the block fixes: keep it whole
-            units.append(block)
-            if not s[0]:  # it meets the target on the probes as a whole: the search tries it first
-                break
-            continue
-        for hs, half in scored:
-            heapq.heappush(heap, (hs, seq, half))
-            seq += 1
+    single = _one_thread_engine(plan.cand_engine)
+    workers = ThreadPoolExecutor(WIDTH, thread_name_prefix="workbench-groups") if single is not None else None
+
+    def probe_runs(model) -> list[dict] | str:
+        """The candidate's outputs on the probe feeds (on a worker thread when ``workers``), or the engine's error."""
+        try:
+            with (single or plan.cand_engine).prepare(model, outs) as s:
+                return [s.run(feeds[i]) for i in probes]
+        except EngineRunError as e:
+            return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+    def measure(blocks: list[tuple[str, ...]]) -> list[tuple]:
+        """Each block dequantized as a whole (one build each, WIDTH at once with workers), scored on the probes."""
+        nonlocal spent
+        runs: list = []
+        for i in range(0, len(blocks), WIDTH if workers is not None else 1):
+            models = []
+            for block in blocks[i:i + (WIDTH if workers is not None else 1)]:
+                spent += 1
+                ev.builds_by_role["ranking"] = ev.builds_by_role.get("ranking", 0) + 1
+                if ev.step is not None:
+                    ev.step(0.0, f"Q/DQ removal measured by blocks: build {spent}/{budget}")
+                models.append(builder.build(block))
+            runs += list(workers.map(probe_runs, models)) if len(models) > 1 else [probe_runs(models[0])]
+        scores = []
+        for block, got in zip(blocks, runs):
+            if isinstance(got, str):
+                log.info("block %s... could not be measured: %s", block[:2], got)
+                refused.append((block, got))
+                scores.append((True, len(probes), float("inf"), float("inf")))
+                continue
+            scores.append(score(probes, got))
+            log.debug("block of %d from %s: %s", len(block), block[0], scores[-1])
+        return scores
+
+    try:
+        units, heap = _descend(measure, tuple(nodes), base, budget, lambda: spent, workers is not None)
+    finally:
+        if workers is not None:
+            workers.shutdown(wait=True, cancel_futures=True)
     isolated = [n for u in units for n in u]
     rest = [heapq.heappop(heap) for _ in range(len(heap))]
     helping = isolated + [n for s, _, b in rest if s < base for n in b]
@@ -143,7 +143,8 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
         notes.append(f"group testing: {plan.cand_engine.name} could not build or run {len(refused)} block(s) with "
                      f"their Q/DQ removed (first: {len(block)} node(s) from {block[0]}: {why[:200]}); they were ranked "
                      "last as not helping. The search still judges every set it keeps on a real build")
-    summary = {"measured": spent, "refused": len(refused), "nodes": len(nodes), "blocks": GROUPS, "probes": len(probes),
+    summary = {"measured": spent, "refused": len(refused), "nodes": len(nodes), "blocks": GROUPS,
+               "probes": len(probes), "at_once": WIDTH if workers is not None else 1,
                "isolated": len(isolated), "units": len(units),
                "first_unit": len(units[0]) if units else 1, "helping": len(helping), "top": isolated[:5],
                "all_float_met": True, "seconds": round(time.perf_counter() - t0, 3)}
@@ -151,6 +152,64 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
              "isolated, %d help", len(nodes), spent, len(probes), summary["seconds"], len(units), len(isolated),
              len(helping))
     return ordered, summary
+
+
+def _descend(measure, nodes: tuple[str, ...], base: tuple, budget: int, spent, together: bool
+             ) -> tuple[list[tuple[str, ...]], list]:
+    """The best-first descent: (units isolated, best first; the heap of blocks left). ``measure(blocks)`` scores
+    blocks (lower is better), ``spent()`` counts the builds so far; ``together``: blocks measured at once cost one
+    build's time, so both halves of a block are measured together."""
+    blocks = _split(nodes, GROUPS)
+    heap: list = [(score, seq, block) for seq, (score, block) in enumerate(zip(measure(blocks), blocks))]
+    heapq.heapify(heap)
+    seq = len(heap)
+    units: list[tuple[str, ...]] = []  # single nodes, or blocks whose effect needs all of them, best first
+    while heap and spent() < budget:
+        s, _, block = heap[0]
+        if s >= base:  # the best block left does not help: nothing below it will
+            break
+        if len(block) > 1 and spent() + 2 > budget:  # no builds left to split it: it stays with the rest
+            break
+        heapq.heappop(heap)
+        if len(block) == 1:
+            units.append(block)
+            if not s[0]:  # a node that meets the target alone on the probes: the search tries it first
+                break
+            continue
+        halves = _split(block, 2)
+        if together:
+            scored = list(zip(measure(halves), halves))
+        else:
+            first = measure(halves[:1])[0]
+            if not first[0]:  # the first half alone meets the target: descend into it, the second waits unmeasured
+                scored = [(first, halves[0]), (UNMEASURED, halves[1])]
+            else:
+                scored = [(first, halves[0]), (measure(halves[1:])[0], halves[1])]
+        if min(hs for hs, _ in scored)[:2] > s[:2]:  # each half alone fails feeds the block fixes: keep it whole
+            units.append(block)
+            if not s[0]:  # it meets the target on the probes as a whole: the search tries it first
+                break
+            continue
+        for hs, half in scored:
+            heapq.heappush(heap, (hs, seq, half))
+            seq += 1
+    return units, heap
+
+
+def _one_thread_engine(engine):
+    """A copy of ``engine`` whose sessions run on one thread, when blocks can be measured :data:`WIDTH` at once
+    (ONNX Runtime on CPU, on a machine with as many cores), else None. ONNX Runtime's CPU results do not depend on
+    its thread count here (checked on the recognizer's Q/DQ model: equal to the last bit), and group testing only
+    orders the pool: every set the search keeps is judged on the engine as given."""
+    import copy
+
+    from ..engines.ort import OrtEngine
+
+    if not isinstance(engine, OrtEngine) or engine.provider != "cpu" or (os.cpu_count() or 1) < WIDTH:
+        return None
+    single = copy.copy(engine)
+    single.threads = 1
+    return single
 
 
 def _split(block: tuple[str, ...], parts: int) -> list[tuple[str, ...]]:
