@@ -210,8 +210,25 @@ def _graph_key(model: onnx.ModelProto) -> tuple:
     return nodes, sorted((t.name, t.SerializeToString()) for t in model.graph.initializer)
 
 
-@pytest.mark.parametrize("per_channel", [True, False])
-def test_int8_fast_path_is_ort_own_pipeline_bit_for_bit(tmp_path, per_channel):
+def _empty_constant_model() -> tuple[onnx.ModelProto, list[dict]]:
+    """x -> Concat(x, an empty float Constant) -> MatMul: ORT's calibrator ranges the empty tensor as (inf, -inf)
+    (paddle2onnx's detectors hold such constants)."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    empty = helper.make_tensor("e", TensorProto.FLOAT, [1, 0], [])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], name="/c/Constant", value=empty),
+         helper.make_node("Concat", ["x", "c"], ["xc"], name="/cat/Concat", axis=1),
+         helper.make_node("MatMul", ["xc", "w"], ["y"], name="/mm/MatMul")], "empty",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, [{"x": rng.standard_normal((1, 4)).astype(np.float32)} for _ in range(4)]
+
+
+@pytest.mark.parametrize("case", ["outlier per-channel", "outlier per-tensor", "empty constant"])
+def test_int8_fast_path_is_ort_own_pipeline_bit_for_bit(tmp_path, case):
     """Without quant_pre_process and with the scan's min/max as ranges, the INT8 model is node for node and byte
     for byte what ONNX Runtime's documented pipeline (quant_pre_process, then quantize_static with its MinMax
     calibrator) makes of the same model and feeds."""
@@ -220,7 +237,9 @@ def test_int8_fast_path_is_ort_own_pipeline_bit_for_bit(tmp_path, per_channel):
 
     from workbench.variants.calibration import data_reader
 
-    model, feeds = _load("int8_outlier.onnx"), _outlier_feeds()[:8]
+    per_channel = case != "outlier per-tensor"
+    model, feeds = _empty_constant_model() if case == "empty constant" else (_load("int8_outlier.onnx"),
+                                                                             _outlier_feeds()[:8])
     ours = to_int8(model, feeds, per_channel=per_channel)
     assert ours.details["calibrator"].startswith("ORT minmax ranges from the tensor scan")
     onnx.save(model, tmp_path / "m.onnx")

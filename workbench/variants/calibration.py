@@ -72,8 +72,12 @@ def _constant_ranges(graph: Any, names: set[str]) -> dict:
             continue
         value = next((a.t for a in node.attribute if a.name == "value"), None)
         array = numpy_helper.to_array(value) if value is not None else None
-        if array is not None and array.dtype == np.float32 and array.size and np.isfinite(array).all():
+        if array is None or array.dtype != np.float32 or not np.isfinite(array).all():
+            continue
+        if array.size:
             out[node.output[0]] = (np.array([array.min()], np.float32), np.array([array.max()], np.float32))
+        else:  # ORT's ReduceMin/ReduceMax of an empty tensor: their identities
+            out[node.output[0]] = (np.array([np.inf], np.float32), np.array([-np.inf], np.float32))
     return out
 
 

@@ -64,7 +64,7 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
                 continue
             if keep_values and name not in kinds:
                 scan.values.setdefault(name, []).append(arr)
-            if arr.dtype == np.float32 and arr.size:
+            if arr.dtype == np.float32:
                 _widen(scan.ranges, name, arr)
     scan.nonfinite = {name: ", ".join(sorted(k)) for name, k in kinds.items()}
     for name in scan.nonfinite:
@@ -76,7 +76,10 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
 
 
 def _widen(ranges: dict, name: str, arr: np.ndarray) -> None:
-    low, high = np.array([arr.min()], np.float32), np.array([arr.max()], np.float32)
+    if arr.size:
+        low, high = np.array([arr.min()], np.float32), np.array([arr.max()], np.float32)
+    else:  # as ORT's ReduceMin/ReduceMax of an empty tensor: their identities
+        low, high = np.array([np.inf], np.float32), np.array([-np.inf], np.float32)
     if name in ranges:
         low, high = np.minimum(ranges[name][0], low), np.maximum(ranges[name][1], high)
     ranges[name] = (low, high)
