@@ -94,12 +94,13 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
     spent = 0
     refused: list[tuple[tuple[str, ...], str]] = []  # blocks the candidate engine could not build or run
     single = _one_thread_engine(plan.cand_engine)
-    workers = ThreadPoolExecutor(WIDTH, thread_name_prefix="workbench-groups") if single is not None else None
+    engine, width = (single, WIDTH) if single is not None else (plan.cand_engine, 1)
+    workers = ThreadPoolExecutor(width, thread_name_prefix="workbench-groups") if width > 1 else None
 
     def probe_runs(model) -> list[dict] | str:
         """The candidate's outputs on the probe feeds (on a worker thread when ``workers``), or the engine's error."""
         try:
-            with (single or plan.cand_engine).prepare(model, outs) as s:
+            with engine.prepare(model, outs) as s:
                 return [s.run(feeds[i]) for i in probes]
         except EngineRunError as e:
             return str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -108,9 +109,9 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
         """Each block dequantized as a whole (one build each, WIDTH at once with workers), scored on the probes."""
         nonlocal spent
         runs: list = []
-        for i in range(0, len(blocks), WIDTH if workers is not None else 1):
+        for i in range(0, len(blocks), width):
             models = []
-            for block in blocks[i:i + (WIDTH if workers is not None else 1)]:
+            for block in blocks[i:i + width]:
                 spent += 1
                 ev.builds_by_role["ranking"] = ev.builds_by_role.get("ranking", 0) + 1
                 if ev.step is not None:
@@ -129,7 +130,7 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
         return scores
 
     try:
-        units, heap = _descend(measure, tuple(nodes), base, budget, lambda: spent, workers is not None)
+        units, heap = _descend(measure, tuple(nodes), base, budget, lambda: spent, width > 1)
     finally:
         if workers is not None:
             workers.shutdown(wait=True, cancel_futures=True)
@@ -144,7 +145,7 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
                      f"their Q/DQ removed (first: {len(block)} node(s) from {block[0]}: {why[:200]}); they were ranked "
                      "last as not helping. The search still judges every set it keeps on a real build")
     summary = {"measured": spent, "refused": len(refused), "nodes": len(nodes), "blocks": GROUPS,
-               "probes": len(probes), "at_once": WIDTH if workers is not None else 1,
+               "probes": len(probes), "at_once": width,
                "isolated": len(isolated), "units": len(units),
                "first_unit": len(units[0]) if units else 1, "helping": len(helping), "top": isolated[:5],
                "all_float_met": True, "seconds": round(time.perf_counter() - t0, 3)}

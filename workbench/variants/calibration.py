@@ -72,13 +72,17 @@ def _constant_ranges(graph: Any, names: set[str]) -> dict:
             continue
         value = next((a.t for a in node.attribute if a.name == "value"), None)
         array = numpy_helper.to_array(value) if value is not None else None
-        if array is None or array.dtype != np.float32 or not np.isfinite(array).all():
-            continue
-        if array.size:
-            out[node.output[0]] = (np.array([array.min()], np.float32), np.array([array.max()], np.float32))
-        else:  # ORT's ReduceMin/ReduceMax of an empty tensor: their identities
-            out[node.output[0]] = (np.array([np.inf], np.float32), np.array([-np.inf], np.float32))
+        if array is not None and array.dtype == np.float32 and np.isfinite(array).all():
+            out[node.output[0]] = minmax_of(array)
     return out
+
+
+def minmax_of(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(min, max) of a float32 array as ORT's MinMax calibrator reduces it: float32 arrays of shape (1,); an
+    empty array gives ReduceMin's and ReduceMax's identities, (inf, -inf)."""
+    if not array.size:
+        return np.array([np.inf], np.float32), np.array([-np.inf], np.float32)
+    return np.array([array.min()], np.float32), np.array([array.max()], np.float32)
 
 
 def histogram_ranges(values: dict[str, list[np.ndarray]], method: str, percentile: float) -> Any:

@@ -62,7 +62,7 @@ def to_int8(
                                "symmetric": True, "quant_format": "QDQ", "opset_upgrade": None}
     work = _upgrade_opset(original, details, notes)
 
-    scan = scan_tensors(work, feeds)
+    scan = scan_tensors(work, feeds, keep_ranges=method == "minmax")
     if scan.nonfinite and method != "minmax":  # ORT's histogram calibrators fail on inf: collect finite ones here
         scan = scan_tensors(work, feeds, keep_values=True)
     for entry in nodes_touching(work, scan.nonfinite):
@@ -130,7 +130,7 @@ def _quantize(
             save_model(model, source)
             kwargs["use_external_data_format"] = True
             details["preprocessing"] = "none (weights left in their files: quant_pre_process would load them whole)"
-            prepared = source
+            prepared, typed = source, None
         else:
             typed = _typed_by_onnx(model)
             if typed is not None:  # quant_pre_process would add nothing the quantizer reads (and import torch)
@@ -145,29 +145,27 @@ def _quantize(
                 onnx.save_model(copy_model(model), source, save_as_external_data=model.ByteSize() > 2**30,
                                 location="model.data")
                 prepared = _preprocess(source, Path(tmp), details, notes)
-            ranges = (minmax_ranges(typed, scan.ranges, op_types)
-                      if typed is not None and method == "minmax" and not scan.nonfinite else None)
-            if ranges is not None and "calibration_cache_path" in inspect.signature(quantize_static).parameters:
-                # the scan already ran every tensor: its min/max are ORT's MinMax ranges, bit for bit
-                from onnxruntime.quantization.calibrate import save_tensors_data
-
-                kwargs["calibration_cache_path"] = Path(tmp) / "ranges.json"
-                save_tensors_data(ranges, kwargs["calibration_cache_path"])
-        if "calibration_cache_path" in kwargs:
+        cache = "calibration_cache_path" in inspect.signature(quantize_static).parameters
+        # ranges handed to quantize_static as its calibration cache (it then runs no calibrator of its own)
+        given = (minmax_ranges(typed, scan.ranges, op_types)
+                 if cache and typed is not None and method == "minmax" and not scan.nonfinite else None)
+        if given is not None:  # the scan already ran every tensor: its min/max are ORT's MinMax ranges, bit for bit
             details["calibrator"] = "ORT minmax ranges from the tensor scan (the values ORT's MinMax calibrator reads)"
         elif method != "minmax" and scan.nonfinite:
-            if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
+            if not cache:
                 raise VariantError(f"{method} calibration cannot histogram the non-finite tensors "
                                    f"{', '.join(scan.nonfinite)} with this onnxruntime", "use method='minmax'")
-            from onnxruntime.quantization.calibrate import save_tensors_data
-
-            kwargs["calibration_cache_path"] = Path(tmp) / "ranges.json"
-            save_tensors_data(histogram_ranges(scan.values, method, percentile), kwargs["calibration_cache_path"])
+            given = histogram_ranges(scan.values, method, percentile)
             details["calibrator"] = f"ORT HistogramCollector ({method}) over finite tensors only"
             notes.append(f"{method} ranges computed with ORT's HistogramCollector over finite tensors only "
                          "(ORT's calibrator cannot histogram NaN/inf)")
         else:
             details["calibrator"] = f"ORT {method} calibrator"
+        if given is not None:
+            from onnxruntime.quantization.calibrate import save_tensors_data
+
+            kwargs["calibration_cache_path"] = Path(tmp) / "ranges.json"
+            save_tensors_data(given, kwargs["calibration_cache_path"])
         output = Path(tmp) / "model.int8.onnx"
         act = QuantType.QUInt8 if activation_type == "uint8" else QuantType.QInt8
         calib = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,

@@ -11,6 +11,7 @@ import onnx
 
 from ..engines.outputs import mark_outputs
 from ..errors import VariantError
+from .calibration import minmax_of
 from .graph_names import elem_types
 from .ort_session import first_line, ort_session
 
@@ -23,16 +24,18 @@ _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DO
 class TensorScan:
     """``nonfinite``: tensor -> what it held ("-inf", "nan, +inf"). ``values``: per tensor, its arrays over the
     feeds (only when asked for, and only for tensors that stayed finite). ``ranges``: per float32 tensor that
-    stayed finite, its (min, max) over the feeds as float32 arrays of shape (1,), the way ONNX Runtime's MinMax
-    calibrator reduces them."""
+    stayed finite, its (min, max) over the feeds as ONNX Runtime's MinMax calibrator reduces them (only when asked
+    for)."""
 
     nonfinite: dict[str, str] = field(default_factory=dict)
     values: dict[str, list[np.ndarray]] = field(default_factory=dict)
     ranges: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
-def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], keep_values: bool = False) -> TensorScan:
-    """Run ``model`` over ``feeds`` with every main-graph float tensor marked as an output."""
+def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], keep_values: bool = False,
+                 keep_ranges: bool = False) -> TensorScan:
+    """Run ``model`` over ``feeds`` with every main-graph float tensor marked as an output (``keep_values``: keep
+    the finite tensors' arrays; ``keep_ranges``: their min/max)."""
     types = elem_types(model)
     initializers = {t.name for t in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in initializers]
@@ -64,7 +67,7 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
                 continue
             if keep_values and name not in kinds:
                 scan.values.setdefault(name, []).append(arr)
-            if arr.dtype == np.float32:
+            if keep_ranges and arr.dtype == np.float32:
                 _widen(scan.ranges, name, arr)
     scan.nonfinite = {name: ", ".join(sorted(k)) for name, k in kinds.items()}
     for name in scan.nonfinite:
@@ -76,10 +79,7 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
 
 
 def _widen(ranges: dict, name: str, arr: np.ndarray) -> None:
-    if arr.size:
-        low, high = np.array([arr.min()], np.float32), np.array([arr.max()], np.float32)
-    else:  # as ORT's ReduceMin/ReduceMax of an empty tensor: their identities
-        low, high = np.array([np.inf], np.float32), np.array([-np.inf], np.float32)
+    low, high = minmax_of(arr)
     if name in ranges:
         low, high = np.minimum(ranges[name][0], low), np.maximum(ranges[name][1], high)
     ranges[name] = (low, high)
