@@ -6,10 +6,12 @@
     (benchmarks/bench_repair_anchors.py imports run_int8(args) -> rows)
 
 Models: PP-OCR recognizer, direction classifier and text detector from the rapidocr wheels
-(scripts/fetch_models.py), prepared once as every tool's FP32 input (opset 13, Constant weights as initializers,
-ORT shape inference: scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops (det: pages) to calibrate
-on, 8 held-out ones to judge on (cls: every other one rotated 180 degrees). Task: the held-out crop decodes (rec,
-greedy CTC) / classifies (cls) as the FP32 model does, the page's text mask flips < 0.5% of its pixels (det);
+(scripts/fetch_models.py), and ``bert-L2``, the 2-layer BERT-base-like encoder of benchmarks/bert_model.py (random
+weights), prepared once as every tool's FP32 input (opset 13 or above, Constant weights as initializers, ORT shape
+inference: scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops (det: pages; bert: random token
+sequences) to calibrate on, 8 held-out ones to judge on (cls: every other one rotated 180 degrees). Task: the
+held-out crop decodes (rec, greedy CTC) / classifies (cls) as the FP32 model does, the page's text mask flips < 0.5%
+of its pixels (det), the hidden state keeps FP32's argmax over the hidden units on >= 99% of the tokens (bert);
 both tools must keep agreement at 1.0 (NNCF: ``max_drop=0.01`` absolute on the mean agreement over the 8 crops,
 i.e. none may change; ours: ``--metric ... --target '>=1'`` on every crop).
 
@@ -35,9 +37,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls", "ppocr-det": "det"}
+KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls", "ppocr-det": "det", "bert-L2": "bert"}
 #: the per-feed task metric of each kind (scripts/int8_qdq_truth.py): True when the feed reads as in FP32
-METRICS = {"rec": "agree_rec", "cls": "agree_cls", "det": "healthy_det"}
+METRICS = {"rec": "agree_rec", "cls": "agree_cls", "det": "healthy_det", "bert": "agree_bert"}
 MAX_DROP = 0.01
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
@@ -51,7 +53,13 @@ def prepare(model: str, work: Path, heldout: int = 8, calib: str = "text") -> tu
     kind = KINDS[model]
     fp32 = work / f"{model}.fp32.onnx"
     if not fp32.exists():
-        Q.prepare(fetch(model), fp32)
+        if kind == "bert":
+            sys.path.insert(0, str(REPO / "benchmarks"))
+            import bert_model
+
+            Q.prepare(bert_model.build_model(int(model.rsplit("L", 1)[1])), fp32)
+        else:
+            Q.prepare(fetch(model), fp32)
     return (fp32, Q.save_feeds(Q.calib_feeds(kind, calib), work / f"{model}.calib{'' if calib == 'text' else calib}"),
             Q.save_feeds(Q.heldout_feeds(kind, heldout), work / f"{model}.heldout{'' if heldout == 8 else heldout}"))
 
@@ -187,18 +195,17 @@ def _nncf_one(model: str, fp32: str, calib: str, heldout: str, out: str, drop: s
     fn = getattr(Q, METRICS[KINDS[model]])
     proto = onnx.load(fp32)
     ref = _session(proto)
-    name = ref.get_inputs()[0].name
     out_name = ref.get_outputs()[0].name
-    calib_items = [f[name] for f in _feeds(Path(calib))]
-    val_items = [(f[name], ref.run(None, f)[0]) for f in _feeds(Path(heldout))]
+    calib_items = _feeds(Path(calib))  # each a dict of the model's inputs: NNCF's ONNX backend takes it as is
+    val_items = [(f, ref.run(None, f)[0]) for f in _feeds(Path(heldout))]
 
     def validate(m, data):
         s = _session(m)
-        values = [fn({out_name: y}, {out_name: s.run(None, {name: x})[0]}) for x, y in data]
+        values = [fn({out_name: y}, {out_name: s.run(None, x)[0]}) for x, y in data]
         return float(np.mean(values)), values
 
     quantized = nncf.quantize_with_accuracy_control(
-        proto, nncf.Dataset(calib_items, lambda x: {name: x}), nncf.Dataset(val_items, lambda item: item),
+        proto, nncf.Dataset(calib_items), nncf.Dataset(val_items, lambda item: item),
         validate, max_drop=float(drop), drop_type=nncf.DropType.ABSOLUTE, subset_size=len(calib_items))
     onnx.save(quantized, out)
     print(f"nncf {nncf.__version__}: validation metric {validate(quantized, val_items)[0]:.3f}")

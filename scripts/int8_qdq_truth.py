@@ -30,6 +30,7 @@ QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 DET_PAGE = (256, 320)  # det pages (height, width): multiples of 32, fed at their own size (one fast run each)
 DET_LINES = 4
+BERT_AGREE = 0.99  # the transformer's task: argmax over the hidden units kept on this share of the tokens
 
 
 # --- data -----------------------------------------------------------------------------------------------------
@@ -64,7 +65,9 @@ def _texts(seed0: int, count: int) -> list[str]:
 
 def heldout_feeds(kind: str, count: int | None = None, input_name: str = "x") -> list[dict[str, np.ndarray]]:
     """Rendered inputs never used for calibration (seeds 5000+): 8 crops (cls: every other one rotated 180
-    degrees), det 4 pages."""
+    degrees), det 4 pages; bert: 8 feeds of random tokens (:func:`bert_feeds`)."""
+    if kind == "bert":
+        return bert_feeds(5000, count or 8)
     if kind == "det":
         return [{input_name: _page(5000 + i)} for i in range(count or 4)]
     return [{input_name: _crop(t, 5000 + i, kind, rotated=kind == "cls" and i % 2 == 1)}
@@ -73,7 +76,12 @@ def heldout_feeds(kind: str, count: int | None = None, input_name: str = "x") ->
 
 def calib_feeds(kind: str, calib: str, count: int = 8, input_name: str = "x") -> list[dict[str, np.ndarray]]:
     """Calibration sets: ``text`` (representative rendered crops or det pages, seeds 100+), ``blank`` (uniform
-    light images: no text at all), ``unnormalised`` (the same inputs scaled to [0, 1] instead of [-1, 1])."""
+    light images: no text at all), ``unnormalised`` (the same inputs scaled to [0, 1] instead of [-1, 1]); bert:
+    ``text`` only, random tokens (seeds 100+)."""
+    if kind == "bert":
+        if calib != "text":
+            raise ValueError(f"the transformer has only the 'text' calibration set (random tokens), not {calib!r}")
+        return bert_feeds(100, count)
     if kind == "det":
         feeds = [_page(100 + i) for i in range(count)]
     else:
@@ -181,6 +189,12 @@ def task_score(kind: str, refs: list[np.ndarray], cands: list[np.ndarray]) -> di
             flips.append(int(c[0].argmax()) != k)
             gap.append(abs(float(r[0, k]) - float(c[0, k])))
         return {"healthy": not any(flips), "error": float(np.mean(flips)), "tie": float(np.mean(gap))}
+    if kind == "bert":
+        agree, gap = [], []
+        for r, c in zip(refs, cands, strict=True):
+            agree.append(float(np.mean(r.argmax(-1) == c.argmax(-1))))
+            gap.append(float(np.mean(np.abs(r.astype(np.float64) - c))))
+        return {"healthy": min(agree) >= BERT_AGREE, "error": 1.0 - float(np.mean(agree)), "tie": float(np.mean(gap))}
     raise ValueError(kind)
 
 
@@ -202,6 +216,26 @@ def agree_det(ref: dict, cand: dict) -> float:
     with FP32 (first output)."""
     name = next(iter(ref))
     return 1.0 - task_score("det", [np.asarray(ref[name])], [np.asarray(cand[name])])["error"]
+
+
+def agree_bert(ref: dict, cand: dict) -> bool:
+    """A repair metric (``--target '>=1'``): True when the encoder's hidden state keeps FP32's argmax over the
+    hidden units on at least :data:`BERT_AGREE` of the tokens (the FP16 benchmark's transformer task; first
+    output)."""
+    name = next(iter(ref))
+    return bool(task_score("bert", [np.asarray(ref[name])], [np.asarray(cand[name])])["healthy"])
+
+
+def bert_feeds(seed0: int, count: int) -> list[dict[str, np.ndarray]]:
+    """Feeds for benchmarks/bert_model.py's encoder: token ids uniform over its vocabulary (seeds ``seed0``+), the
+    attention mask zero on the last 16 of 128 positions (as its benchmark feed)."""
+    feeds = []
+    for i in range(count):
+        rng = np.random.default_rng(seed0 + i)
+        mask = np.ones((1, 128), dtype=np.int64)
+        mask[:, 112:] = 0
+        feeds.append({"input_ids": rng.integers(0, 30522, size=(1, 128), dtype=np.int64), "attention_mask": mask})
+    return feeds
 
 
 def healthy_det(ref: dict, cand: dict) -> bool:
