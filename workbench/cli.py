@@ -723,7 +723,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", choices=["auto", "switch", "build"], default="auto", help="switch: one switchable "
                    "model, a run per evaluated set; build: a build per set; auto: switch for FP16/BF16, build for Q/DQ")
     p.add_argument("--memory-budget", type=_size, metavar="SIZE", help="peak memory for the comparison's marked "
-                   "tensors and for the feeds of a dataset, e.g. 512M (default: a quarter of RAM, at most 4G)")
+                   "tensors and for the feeds of a dataset, e.g. 512M (default: 512M for the marked tensors, a "
+                   "quarter of RAM, at most 4G, for the feeds)")
     p.add_argument("--preprocess", metavar="MODULE:FUNCTION", help="turns each file of an --inputs image folder (its "
                    "path) into the model's input array or a feed dict (module:function or file.py:function)")
     p.add_argument("--workers", type=_whole(1, 1024), metavar="N", help="evaluate the search's candidate builds on N "
