@@ -321,3 +321,23 @@ def test_real_detector_repair_fixes_the_clamped_batchnorm(corpus, tmp_path, case
     feeds = feeds_from(str(case.feeds_dir))
     truth = ocr_truth.task_truth("det", ocr_truth.run_model(case.fp32, feeds), ocr_truth.run_model(out, feeds))
     assert truth["healthy"] and truth["detail"]["max_flip_fraction"] < 0.005, truth
+
+
+def test_repair_compares_in_chunks_under_its_own_default_budget(monkeypatch):
+    """Without --memory-budget, repair's comparison marks tensors in chunks of api.MARKED_BUDGET (shrunk here so
+    the small sample needs several); the repair is the same as with everything marked at once, and a budget the
+    user gives is kept."""
+    from workbench.compare import strategies
+    from workbench.repair import api
+
+    groups: list[int] = []
+    real = strategies.chunks
+    monkeypatch.setattr(strategies, "chunks", lambda *a: groups.append(len(out := list(real(*a)))) or iter(out))
+    whole = repair(str(CLAMP), "ort", "ort:fp16", memory_budget="1G", verify=None)
+    assert whole.plan.options.memory_budget == "1G" and groups == [1]
+    monkeypatch.setattr(api, "MARKED_BUDGET", 4096)
+    chunked = repair(str(CLAMP), "ort", "ort:fp16", verify=None)
+    assert chunked.plan.options.memory_budget == 4096 and groups[1] > 2, groups
+    assert chunked.kept == whole.kept and chunked.met and whole.met
+    assert [r["kind"] for r in chunked.repairs] == [r["kind"] for r in whole.repairs] == ["fold-bn"]
+    assert chunked.after == whole.after
