@@ -107,6 +107,7 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
                 ev.step(0.0, f"Q/DQ removal measured alone: node {k + 1}/{len(nodes)}")
             on = {**off, flags[node]: np.array(True)}
             judged[node] = _judge(ev, chosen, [session.run({**feeds[i], **on}) for i in chosen])
+
         def score(j):  # met first, then fewer failing feeds, a better worst value, better outputs
             return (not j.met, j.failing, j.badness, outputs_badness(j))
 
