@@ -341,3 +341,34 @@ def test_repair_compares_in_chunks_under_its_own_default_budget(monkeypatch):
     assert chunked.kept == whole.kept and chunked.met and whole.met
     assert [r["kind"] for r in chunked.repairs] == [r["kind"] for r in whole.repairs] == ["fold-bn"]
     assert chunked.after == whole.after
+
+
+def test_int8_builds_with_weights_mapped_from_scratch_are_the_same_model(tmp_path, monkeypatch):
+    """Q/DQ builds map the big weights from this run's scratch (api.SPILL_BYTES; lowered here for the small
+    sample): every build is the unspilled one once its weights are read back, the repair keeps the same nodes and
+    writes the same file, and the scratch folder is gone afterwards."""
+    from workbench.model.mapped import has_mapped, materialized
+    from workbench.repair import api
+
+    model = SAMPLES / "int8_outlier.onnx"
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
+    plain = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "plain.onnx", verify=None)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    builder = IslandBuilder(plain.plan.cand_model, plain.plan.ref_model)
+    want = [builder.build(s).SerializeToString() for s in ([], plain.kept, plain.kept[:1])]
+    assert builder.spill_weights(spill, 64) > 0
+    for kept, expected in zip(([], plain.kept, plain.kept[:1]), want):
+        built = builder.build(kept)
+        assert has_mapped(built) or not kept
+        assert materialized(built, under=spill).SerializeToString() == expected
+    folders = []
+    real = api.temporary_dir
+    monkeypatch.setattr(api, "temporary_dir", lambda prefix: folders.append(real(prefix)) or folders[-1])
+    monkeypatch.setattr(api, "SPILL_BYTES", 0)
+    monkeypatch.setattr(api, "SPILL_TENSOR_BYTES", 64)
+    mapped = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "mapped.onnx", verify=None)
+    assert [f.name.rsplit("/", 1)[-1].startswith("workbench-repair-weights-") for f in folders] == [True]
+    assert not Path(folders[0].name).exists()
+    assert mapped.kept == plain.kept and mapped.met
+    assert (tmp_path / "mapped.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()

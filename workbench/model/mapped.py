@@ -135,20 +135,45 @@ def _loaded(t: TensorProto) -> TensorProto:
     out = TensorProto()
     out.CopyFrom(t)
     del out.external_data[:]
-    out.data_location = TensorProto.DEFAULT
+    out.ClearField("data_location")  # DEFAULT, left unset as in a tensor that never was external
     with open(path, "rb") as fh:
         fh.seek(offset)
         out.raw_data = fh.read(length)
     return out
 
 
-def materialized(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with every mapped tensor's data read in (for engines that need the values in memory)."""
+def materialized(model: onnx.ModelProto, under: Path | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` with every mapped tensor's data read in (for engines that need the values in memory);
+    ``under``: only the tensors whose file is in that folder (what :func:`spilled` wrote)."""
     from ..core.shapes import map_model_tensors
 
     if not has_mapped(model):
         return model
-    return map_model_tensors(model, lambda t, _key: _loaded(t) if is_mapped(t) else None)
+
+    def read(t: TensorProto, _key: str) -> TensorProto | None:
+        if not is_mapped(t) or (under is not None and span(t)[0].parent != Path(under).resolve()):
+            return None
+        return _loaded(t)
+
+    return map_model_tensors(model, read)
+
+
+def spilled(tensors: Iterator[tuple[str, TensorProto]], path: Path, min_bytes: int) -> dict[str, TensorProto]:
+    """Mapped references (by key) to copies of those of ``tensors`` ((key, tensor) pairs) holding at least
+    ``min_bytes`` as raw data in their proto, written to the new file ``path`` (page-aligned): a proto whose big
+    weights are such references is cheap to copy and to hand to an engine, which reads the bytes from the file."""
+    from ..core.shapes import tensor_nbytes
+
+    out: dict[str, TensorProto] = {}
+    writer = WeightWriter(path)
+    try:
+        for key, t in tensors:
+            if (t.data_location != TensorProto.EXTERNAL and t.HasField("raw_data") and key not in out
+                    and tensor_nbytes(t) >= min_bytes):  # raw bytes: read back, the same tensor proto
+                out[key] = writer.copy(t)
+    finally:
+        writer.close()
+    return out
 
 
 def folder_of(model: onnx.ModelProto) -> Path | None:

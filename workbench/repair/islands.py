@@ -70,6 +70,32 @@ class IslandBuilder:
         else:
             self.folded = {}
 
+    def spill_weights(self, folder, min_bytes: int = 1 << 20) -> int:
+        """Move the candidate's initializers and the reference's float constants of at least ``min_bytes`` into
+        files in ``folder``, mapped (:func:`workbench.model.mapped.spilled`): every build then copies a proto of the
+        graph and small constants, and the engine reads the weights from those files (a Q/DQ build of a 2-layer BERT
+        with its 94 MB word embedding restored: 0.5 s -> 0.1 s). Builds differ from unspilled ones only in where the
+        bytes sit (:func:`workbench.model.mapped.materialized` reads them back). Returns the bytes moved."""
+        from pathlib import Path
+
+        from ..core.shapes import tensor_nbytes
+        from ..model.mapped import spilled
+
+        folder = Path(folder)
+        cand = spilled(((t.name, t) for t in self.candidate.graph.initializer), folder / "candidate.weights",
+                       min_bytes)
+        floats = ((k, t) for k, t in self.ref_consts.items() if t.data_type == TensorProto.FLOAT)
+        ref = spilled(floats, folder / "reference.weights", min_bytes)
+        if cand:
+            model = onnx.ModelProto()
+            model.CopyFrom(self.candidate)  # the same nodes in the same places: positions stay valid
+            for t in model.graph.initializer:
+                if t.name in cand:
+                    t.CopyFrom(cand[t.name])
+            self.candidate = model
+        self.ref_consts = {name: ref.get(name, t) for name, t in self.ref_consts.items()}
+        return sum(tensor_nbytes(t) for t in (*cand.values(), *ref.values()))
+
     def check(self, nodes: Iterable[str]) -> list[str]:
         """``nodes`` deduplicated, each a top-level compute node of the candidate (else a one-line error)."""
         names = list(dict.fromkeys(nodes))
