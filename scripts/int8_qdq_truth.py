@@ -227,15 +227,12 @@ def agree_bert(ref: dict, cand: dict) -> bool:
 
 
 def bert_feeds(seed0: int, count: int) -> list[dict[str, np.ndarray]]:
-    """Feeds for benchmarks/bert_model.py's encoder: token ids uniform over its vocabulary (seeds ``seed0``+), the
-    attention mask zero on the last 16 of 128 positions (as its benchmark feed)."""
-    feeds = []
-    for i in range(count):
-        rng = np.random.default_rng(seed0 + i)
-        mask = np.ones((1, 128), dtype=np.int64)
-        mask[:, 112:] = 0
-        feeds.append({"input_ids": rng.integers(0, 30522, size=(1, 128), dtype=np.int64), "attention_mask": mask})
-    return feeds
+    """Feeds for benchmarks/bert_model.py's encoder, its benchmark feed drawn with seeds ``seed0``, ``seed0 + 1``,
+    ...: random tokens, the attention mask zero on the last 16 positions."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bert_model
+
+    return [bert_model.make_feed(seed0 + i) for i in range(count)]
 
 
 def healthy_det(ref: dict, cand: dict) -> bool:
