@@ -155,7 +155,6 @@ def test_graph_view_search_tooltips_fit_overlay_and_scopes(lab_page, artifacts):
     box = top.locator(".wb-graph-find")
     box.fill("Sigmoid.0")
     box.press("Enter")
-    status = top.locator(".wb-graph-status")
     page.wait_for_function("(g) => g.querySelector('.wb-graph-status').textContent.endsWith('selected: Sigmoid.0')",
                            arg=top.element_handle())
     items = top.locator(".wb-graph-results li")
@@ -195,7 +194,8 @@ def test_graph_view_search_tooltips_fit_overlay_and_scopes(lab_page, artifacts):
     scale = top.evaluate("g => g.wbView().s")
     page.mouse.dblclick(target["x"], target["y"])
     page.wait_for_function("(g) => g.wbVisibleIds().some(i => i.startsWith('/block5/'))", arg=top.element_handle())
-    assert status.inner_text().endswith("selected: Sigmoid.0"), status.inner_text()
+    page.wait_for_function("(g) => g.querySelector('.wb-graph-status').textContent.endsWith('selected: Sigmoid.0')",
+                           arg=top.element_handle())  # drawn on the next animation frame
     assert abs(top.evaluate("g => g.wbView().s") - scale) < 1e-9, "the zoom stays"
     H.screenshot(page, artifacts, "12-expanded")
 

@@ -90,8 +90,8 @@ def test_graph_widget_stays_interactive_on_5000_nodes(browser_page, artifacts):
     H.open_notebook(page, lab, name)
     H.run_all(page)
     page.wait_for_selector(".wb-graph[data-ready='1']")
-    status = page.locator(".wb-graph-status")
-    assert "selected: /layers.40/mlp/fc1/" in status.inner_text()
+    page.wait_for_function("() => document.querySelector('.wb-graph-status').textContent"
+                           ".includes('selected: /layers.40/mlp/fc1/')")  # drawn on an animation frame
     box = page.locator(".wb-graph-canvas").bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.mouse.wheel(0, 600)  # zoom out

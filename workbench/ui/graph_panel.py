@@ -422,9 +422,10 @@ class GraphPanel(widgets.VBox):
         inside = scope[6:].rstrip("/") + "/"
         first = next((i for i in after if i not in before
                       and (i[6:] if i.startswith("scope:") else i).startswith(inside)), None)
-        self.refresh(anchor=(scope, first) if first is not None else None)
         kept = self.state.selected if self.state.selected in after else ""
-        self.canvas.selected = kept
+        with self.canvas.hold_sync():  # one message: the browser never draws the new graph with no node selected
+            self.refresh(anchor=(scope, first) if first is not None else None)
+            self.canvas.selected = kept
         if kept:
             self._describe(kept)
         else:
