@@ -208,6 +208,22 @@ def test_sigkill_leaves_no_worker_and_one_scratch_folder_the_next_run_removes(da
     assert list(run.tmpdir.iterdir()) == []
 
 
+def test_a_local_ray_starts_under_a_deep_tmpdir_and_ends_with_a_sigterm(data):
+    """Ray follows TMPDIR into the run's scratch folder; there its socket paths passed Linux's 107 bytes under a
+    deep TMPDIR (or a 6-digit pid under /tmp) and Ray refused to start. Its session now goes where they fit."""
+    pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'onnx-drift-workbench[ray]')")
+    deep = data / ("t" * max(1, 60 - len(str(data))))  # 60+ characters before the run's own folder
+    deep.mkdir()
+    run = Run(data, "compare", str(CNN), "--ref", "ort", "--cand", "ort:fp16", "--inputs", "files", "--preprocess",
+              "slow.py:prep", "--workers", "2", "--executor", "ray", tmpdir=deep,
+              env={"WB_TEST_BLOCK": "20.txt:1", "WB_TEST_SHAPE": CNN_SHAPE})
+    run.wait_for(lambda: _blocked(data)() and any("raylet" in _cmdline(p) for p in run.descendants()),
+                 "a Ray task busy with the dataset", timeout=240)
+    procs = run.descendants()
+    run.send(signal.SIGTERM)
+    _check_clean(run, run.finish(), 143, procs, data / "out")
+
+
 # --- 2. bundles: the staging folder or zip beside the destination --------------------------------------------------
 
 @pytest.mark.parametrize("dest", ["b", "b.zip"])

@@ -290,6 +290,25 @@ def _bare_main():
             sys.modules["__main__"] = main
 
 
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """Ray's core worker installs a crash handler for SIGTERM (it prints a stack and exits 15, skipping the run's
+    cleanup): put Python's SIGTERM and SIGINT handlers back after it (the main thread only)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 class _Ray:
     """Ray tasks (one CPU each) on a local Ray it starts and stops, or on a running cluster (``ray://``)."""
 
@@ -302,11 +321,13 @@ class _Ray:
         self.started = False
         if not ray.is_initialized():
             kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+            local = {} if spec.address else {"num_cpus": spec.workers, **_ray_temp()}
             try:
-                if spec.address:
-                    ray.init(address=spec.address, **kwargs)
-                else:
-                    ray.init(num_cpus=spec.workers, **kwargs)
+                with _signal_handlers_kept():
+                    if spec.address:
+                        ray.init(address=spec.address, **kwargs)
+                    else:
+                        ray.init(**local, **kwargs)
             except Exception as e:  # noqa: BLE001 - Ray raises many types; one line says what failed
                 raise InputError(f"cannot start Ray{' at ' + spec.address if spec.address else ''}: "
                                  f"{type(e).__name__}: {e}", "check the address and that the cluster runs the same "
@@ -376,6 +397,35 @@ class _Ray:
         self.pending.clear()
         if self.started:
             self.ray.shutdown()
+
+
+#: Linux's limit on a Unix socket's path (108 bytes with the NUL) and what Ray appends to its temp folder for its
+#: longest socket: /session_YYYY-MM-DD_HH-MM-SS_ffffff_PID/sockets/plasma_store
+_SOCKET_PATH_MAX = 107
+_RAY_SOCKET_TAIL = len("/session_2026-01-01_00-00-00_000000_") + len("/sockets/plasma_store")
+
+
+def _ray_temp() -> dict:
+    """Where a local Ray this starts keeps its session (sockets, logs): inside this run's scratch folder, removed
+    with it (a SIGKILLed run's too, by the next run), when its socket paths fit Linux's 107 bytes; else Ray's own
+    choice ($RAY_TMPDIR, else the temp folder the user set, else /tmp). Without this Ray would follow TMPDIR into
+    the run folder and fail to start where the path is too long (a 6-digit pid under /tmp is enough)."""
+    if os.environ.get("RAY_TMPDIR"):
+        return {}  # the user's choice
+    from ..core.scratch import run_scratch
+
+    tail = _RAY_SOCKET_TAIL + len(str(os.getpid()))  # the session is named after the process that starts Ray
+    inside = str(run_scratch() / "ray")
+    if len(inside) + tail <= _SOCKET_PATH_MAX:
+        return {"_temp_dir": inside}
+    outer = str(run_scratch().parent)  # the temp folder the user set
+    for base in (outer, "/tmp"):
+        if len(os.path.join(base, "ray")) + tail <= _SOCKET_PATH_MAX and os.path.isdir(base):
+            log.info("Ray's session folder goes to %s (the run's scratch folder %s is too deep for its sockets)",
+                     os.path.join(base, "ray"), inside)
+            return {"_temp_dir": os.path.join(base, "ray")}
+    raise InputError(f"the temp folder {outer} is too deep for Ray's sockets (Linux allows {_SOCKET_PATH_MAX} bytes "
+                     "for a socket path)", "set RAY_TMPDIR (or TMPDIR) to a short folder, e.g. /tmp")
 
 
 def worker_threads(workers: int) -> int:
