@@ -152,6 +152,24 @@ def test_an_unsealed_bundle_is_refused_unless_trusted(saved, tmp_path, capsys, k
     assert "rerun of" in out
 
 
+@pytest.mark.parametrize("kind", ["zip", "dataset"])
+def test_diff_refuses_an_unsealed_bundle_unless_trusted(saved, tmp_path, capsys, kind):
+    b = _copy(saved, kind, tmp_path / "b", _unseal)
+    a = saved[kind]
+    code, out, err = _run(capsys, "diff", a, b)
+    assert code == 2 and out == ""
+    assert "carries no seal" in _line(err) and "--trust-unsealed" in _line(err)
+    code, out, err = _run(capsys, "diff", a, b, "--trust-unsealed", "--json", "-")
+    assert code == 0, err
+    doc = json.loads(out)  # the seal was all that changed: the same answer, every layer equal
+    if kind == "dataset":
+        assert doc["changed_samples"] == [] and doc["only_before"] == doc["only_after"] == [], doc
+        assert doc["verdict"]["before"] == doc["verdict"]["after"], doc
+    else:
+        assert doc["same_conclusion"] and doc["tensors"], doc
+        assert all(t["change"] == 0.0 for t in doc["tensors"]), doc["tensors"]
+
+
 def test_the_python_api_refuses_an_unsealed_bundle_unless_trusted(saved, tmp_path):
     from workbench.report import UnsealedBundleError, rerun_bundle
 

@@ -265,18 +265,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from .dataset.diff import dataset_doc, diff_datasets
 
     labels = (os.path.basename(args.a.rstrip("/")) or "A", os.path.basename(args.b.rstrip("/")) or "B")
-    if dataset_doc(args.a) is not None or dataset_doc(args.b) is not None:
+    trust = args.trust_unsealed
+    if dataset_doc(args.a, trust_unsealed=trust) is not None or dataset_doc(args.b, trust_unsealed=trust) is not None:
         if args.metric:
             raise UsageError("--metric ranks the layers of two single comparisons; a dataset diff lists every "
                              "changed sample", "drop --metric")
-        diff = diff_datasets(args.a, args.b, labels=labels)
+        diff = diff_datasets(args.a, args.b, labels=labels, trust_unsealed=trust)
         if args.json:
             _write_json(diff.to_json(), args.json)
         if args.json != "-":
             print(printable_lines(diff.render(top=args.top)))
         return EXIT_OK
-    diff = diff_results(args.a, args.b, metric=args.metric, labels=(os.path.basename(args.a.rstrip("/")) or "A",
-                                                                    os.path.basename(args.b.rstrip("/")) or "B"))
+    diff = diff_results(args.a, args.b, metric=args.metric, labels=labels, trust_unsealed=trust)
     if args.json:
         _write_json(diff.to_json(), args.json)
     if args.json != "-":
@@ -688,6 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=ROWS, default=10, metavar="N", help="largest changes to list (default 10)")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
                    help="write the workbench.diff/1 JSON to OUT ('-' for stdout)")
+    p.add_argument("--trust-unsealed", action="store_true", help="read bundles whose manifest carries no seal "
+                   "(made by hand or by an old version: an edit of them cannot be detected)")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("reduce", help="write the smallest reference/candidate model pair around a culprit, with its "

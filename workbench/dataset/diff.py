@@ -15,9 +15,10 @@ from .result import KIND
 RTOL = 1e-9
 
 
-def dataset_doc(source: Any) -> dict | None:
-    """The dataset result JSON of ``source`` (a ``kind: "dataset"`` results file or a dataset bundle), else None.
-    Files are read only when regular and within the size cap of any workbench JSON."""
+def dataset_doc(source: Any, *, trust_unsealed: bool = False) -> dict | None:
+    """The dataset result JSON of ``source`` (a ``kind: "dataset"`` results file or a dataset bundle: one without a
+    seal only when ``trust_unsealed``), else None. Files are read only when regular and within the size cap of any
+    workbench JSON."""
     from ..report.bundle import MANIFEST, RESULTS, load_bundle
     from ..report.safety import BundleError, confined, read_json
 
@@ -35,7 +36,7 @@ def dataset_doc(source: Any) -> dict | None:
             return None
         if manifest is not None and manifest.get("kind") != KIND:
             return None
-        with load_bundle(path) as b:
+        with load_bundle(path, trust_unsealed=trust_unsealed) as b:
             if b.manifest.get("kind") != KIND:
                 return None
             return read_json(confined(b.root, b.manifest.get("results", RESULTS), "results"),
@@ -120,11 +121,13 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, (int, float)) else safe_name(v)
 
 
-def diff_datasets(before: Any, after: Any, labels: tuple[str, str] = ("before", "after")) -> DatasetDiff:
-    """Compare two dataset results sample by sample (matched by index)."""
+def diff_datasets(before: Any, after: Any, labels: tuple[str, str] = ("before", "after"), *,
+                  trust_unsealed: bool = False) -> DatasetDiff:
+    """Compare two dataset results sample by sample (matched by index); bundles without a seal only when
+    ``trust_unsealed``."""
     from ..report.safety import BundleError
 
-    a, b = dataset_doc(before), dataset_doc(after)
+    a, b = dataset_doc(before, trust_unsealed=trust_unsealed), dataset_doc(after, trust_unsealed=trust_unsealed)
     if a is None or b is None:
         other = labels[0] if a is None else labels[1]
         raise BundleError(f"{other} is not a dataset comparison (a single comparison, or not a workbench result) and "

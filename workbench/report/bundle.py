@@ -627,8 +627,8 @@ def _check_manifest(manifest: dict, name: str, trust_unsealed: bool = False) -> 
         if not trust_unsealed:
             raise UnsealedBundleError(
                 f"{name}: manifest.json carries no seal ({SEAL}), so an edit of it or of the files it lists "
-                "cannot be detected", "re-create the bundle; if you trust this one: workbench rerun BUNDLE "
-                "--trust-unsealed (Python: rerun_bundle(..., trust_unsealed=True))")
+                "cannot be detected", "re-create the bundle; if you trust this one: workbench rerun (or diff) ... "
+                "--trust-unsealed (Python: trust_unsealed=True)")
         log.warning("%s: manifest.json carries no seal; trusted as asked (trust_unsealed)", name)
     return manifest
 

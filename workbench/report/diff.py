@@ -24,8 +24,9 @@ from .env import diff_versions
 SCHEMA = "workbench.diff/1"
 
 
-def load_result(source: Any) -> CompareResult:
-    """A CompareResult from itself, a ``workbench.compare/1`` JSON file, or a bundle (folder or .zip)."""
+def load_result(source: Any, *, trust_unsealed: bool = False) -> CompareResult:
+    """A CompareResult from itself, a ``workbench.compare/1`` JSON file, or a bundle (folder or .zip; one without a
+    seal only when ``trust_unsealed``)."""
     from .bundle import MANIFEST, load_bundle
     from .safety import BundleError, read_json
 
@@ -35,7 +36,7 @@ def load_result(source: Any) -> CompareResult:
     if not path.exists():
         raise BundleError(f"not found: {path}", "pass a results JSON (`workbench compare --json`) or a bundle")
     if path.is_dir() or path.suffix.lower() == ".zip" or path.name == MANIFEST:
-        with load_bundle(path.parent if path.name == MANIFEST else path) as bundle:
+        with load_bundle(path.parent if path.name == MANIFEST else path, trust_unsealed=trust_unsealed) as bundle:
             return bundle.result
     doc = read_json(path, path.name, schema="workbench.compare/1")
     if doc.get("kind") == "dataset":
@@ -363,15 +364,15 @@ def _fmt_change(d: float | None, metric: str) -> str:
 
 
 def diff_results(before: Any, after: Any, *, metric: str | None = None,
-                 labels: tuple[str, str] = ("before", "after")) -> ResultDiff:
-    """Compare two results (CompareResult objects, results JSON files or bundles). ``metric``: the one ranked
-    (default: the ``before`` criterion's). Two engine graphs (``workbench.engine_graph/1``) give an
+                 labels: tuple[str, str] = ("before", "after"), trust_unsealed: bool = False) -> ResultDiff:
+    """Compare two results (CompareResult objects, results JSON files or bundles; bundles without a seal only when
+    ``trust_unsealed``). ``metric``: the one ranked (default: the ``before`` criterion's). Two engine graphs (``workbench.engine_graph/1``) give an
     :class:`~workbench.engine_graphs.diff.EngineGraphDiff` instead: changed fusions, providers, precisions, latency."""
     from ..engine_graphs.diff import diff_graphs, load_graph
 
     if load_graph(before) is not None or load_graph(after) is not None:
         return diff_graphs(before, after, metric=metric, labels=labels)
-    a, b = load_result(before), load_result(after)
+    a, b = load_result(before, trust_unsealed=trust_unsealed), load_result(after, trust_unsealed=trust_unsealed)
     m = metric or a.criterion.metric
     known = list(dict.fromkeys([*METRICS, *(k for t in a.tensors for k in t.metrics)]))
     if m not in known:
