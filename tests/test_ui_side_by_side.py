@@ -247,6 +247,25 @@ def test_the_thresholds_reach_the_graph_and_the_errors_figures(fp16):
     assert layer_error_curve(result).data[0].marker.color != curve.data[0].marker.color  # none: as before
 
 
+def test_the_thresholds_reach_the_culprit_chart_and_the_html_report(fp16, tmp_path):
+    from workbench.plots.compare import culprit_bars
+    from workbench.report.html import write_report
+
+    model, result = fp16
+    assert result.culprits
+    strict = Bands.parse("sqnr_db", "300", "250")
+    labels = {"good: sqnr_db \u2265 300 dB", "marginal: 250-300 dB", "bad: sqnr_db < 250 dB"}
+    bars = culprit_bars(result, bands=strict)
+    assert all(label in html.unescape(bars.layout.title.text).replace("<br>", " ") for label in labels)
+    assert {s.fillcolor for s in bars.layout.shapes if s.type == "rect"} == {GREEN, AMBER, RED}
+    assert not [s for s in culprit_bars(result).layout.shapes if s.type == "rect"]  # none: as before
+    mine = write_report(result, tmp_path / "mine.html", bands=strict).read_text()
+    assert "colour bands (set by the user)" in mine and all(html.escape(label) in mine for label in labels)
+    default = html.unescape(write_report(result, tmp_path / "default.html").read_text())
+    assert "the criterion's defaults" in default and "good: sqnr_db \u2265 40 dB" in default
+    assert "300 dB" not in default
+
+
 def test_the_box_sets_the_bands_once_for_every_tab_and_says_what_is_wrong(fp16):
     panel = GraphPanel(FP16_SAMPLE)
     state = panel.state
@@ -261,6 +280,8 @@ def test_the_box_sets_the_bands_once_for_every_tab_and_says_what_is_wrong(fp16):
     assert panel.canvas.data["color"] != before and set(panel.canvas.data["color"]) == {RED}
     assert (errors.bands_box.good.value, errors.bands_box.bad.value) == ("300", "250")  # the other tab's box
     assert set(errors.curve.data[0].marker.color) == {RED}
+    chart = errors.culprit_chart.outputs[0]["data"]["application/vnd.plotly.v1+json"]  # the culprit chart too
+    assert "bad: sqnr_db < 250 dB" in html.unescape(chart["layout"]["title"]["text"]).replace("<br>", " ")
     for good, bad, said in (("20", "30", "is below the bad one"), ("abc", "30", "is not a number"),
                             ("", "30", "is empty")):
         assert box.apply(good=good, bad=bad) is None

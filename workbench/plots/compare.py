@@ -306,9 +306,9 @@ def band_spans(bands: Any, values: list[float], log: bool = False) -> list[tuple
     return [(b, max(a, lo), min(c, hi)) for b, a, c in spans if min(c, hi) > max(a, lo)]
 
 
-def add_bands(fig: go.Figure, bands: Any, values: list[float], axis: str, log: bool) -> None:
+def add_bands(fig: go.Figure, bands: Any, values: list[float], axis: str, log: bool, legend: bool = True) -> None:
     """Shade ``bands``' good / marginal / bad ranges behind the plot along ``axis`` ("x" or "y"), with a legend
-    entry per band stating its threshold."""
+    entry per band stating its threshold (``legend``; else the caller states them)."""
     from .thresholds import BAND_STYLE
 
     for band, start, end in band_spans(bands, values, log):
@@ -317,7 +317,7 @@ def add_bands(fig: go.Figure, bands: Any, values: list[float], axis: str, log: b
             fig.add_hrect(y0=start, y1=end, fillcolor=color, opacity=BAND_OPACITY, line_width=0, layer="below")
         else:
             fig.add_vrect(x0=start, x1=end, fillcolor=color, opacity=BAND_OPACITY, line_width=0, layer="below")
-    for label, color in bands.legend():
+    for label, color in bands.legend() if legend else ():
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=esc(label), legendgroup="bands",
                                  hoverinfo="skip", marker={"symbol": "square", "size": 12, "color": color}))
 
@@ -453,10 +453,11 @@ CULPRIT_LEGEND = {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "y
 LEGEND_ROOM = 48
 
 
-def culprit_bars(result, metric: str | None = None) -> go.Figure:
+def culprit_bars(result, metric: str | None = None, bands: Any = None) -> go.Figure:
     """Per culprit (harmful first, harmless last): the error it introduces alone vs the error its inputs already
     carried, its output's precision floor (a tick), and in the hover what fixing it gains on the outputs.
-    Harmless culprits (fixing them gains almost nothing) are labelled "(harmless)" and drawn pale."""
+    Harmless culprits (fixing them gains almost nothing) are labelled "(harmless)" and drawn pale. ``bands`` (the
+    colour thresholds of ``metric``) are shaded behind, the legend stating them."""
     m = _metric(result, metric)
     culprits = list(result.culprits)
     # tick labels: long node names shortened in the middle (numbered, so distinct); the hover names them in full
@@ -494,14 +495,21 @@ def culprit_bars(result, metric: str | None = None) -> go.Figure:
                                  customdata=[[f, g, n] for f, g, n in zip(floors, gains, full)],
                                  hovertemplate="%{customdata[2]}<br>%{customdata[0]}<br>%{customdata[1]}"
                                                "<extra></extra>"))
+    banded = bands is not None and bands.metric == m
+    if banded:
+        drawn_all = [_plotted(getattr(c, key).get(m), m, cap, False)[0] for c in culprits
+                     for key in ("introduced", "received")]
+        add_bands(fig, bands, [v for v in drawn_all if v is not None], "x", False, legend=False)
     threshold = _threshold(result, m)
     if threshold is not None:
         fig.add_vline(x=threshold, line={"color": BAD_COLOR, "dash": "dash", "width": 1},
                       annotation_text="tolerance", annotation_position="bottom right")  # the legend is on top
     better = "higher is better" if m in HIGHER_IS_BETTER else "lower is better"
     harmless = sum(c.harmless for c in culprits)
+    # the bands are stated in the title: three more legend entries would crowd the legend above a short chart
+    shaded = ("; shaded: " + ", ".join(esc(label) for label, _ in bands.legend())) if banded else ""
     fig.update_layout(title=f"culprits: {m} each node introduces vs receives ({better}); harmful first"
-                            + (f", {harmless} harmless" if harmless else ""), barmode="group",
+                            + (f", {harmless} harmless" if harmless else "") + shaded, barmode="group",
                       xaxis_title=_axis_title(m), template="plotly_white",
                       yaxis={"autorange": "reversed"}, height=max(300, 120 + 60 * len(culprits)),
                       legend=CULPRIT_LEGEND)

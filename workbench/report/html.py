@@ -338,12 +338,15 @@ def _inventory(doc: dict | None) -> str:
 
 
 def render_report(result: CompareResult, *, inspection: Any = None, tensors: Mapping[str, Any] | None = None,
-                  title: str | None = None, metric: str | None = None) -> str:
+                  title: str | None = None, metric: str | None = None, bands: Any = None) -> str:
     """The report as one HTML string (see :func:`write_report`)."""
     require_plotly()
     from ..plots import compare as plots
+    from ..plots.thresholds import Bands
     from .tensors import normalize
 
+    if bands is None or bands.metric != (metric or result.criterion.metric):
+        bands = Bands.from_criterion(result.criterion)  # the notebook's default colouring
     values = normalize(tensors)
     title = title or f"{result.model.get('name', 'model')}: {result.reference} vs {result.candidate}"
     parts = [
@@ -351,11 +354,12 @@ def render_report(result: CompareResult, *, inspection: Any = None, tensors: Map
         "<h2>Summary</h2>", _summary(result),
         "<h2>Outputs</h2>", _outputs(result),
         "<h2>Culprits</h2>", _culprits(result), _granularity(result), _clamps(result),
-        "<h2>Per-layer error</h2>", _figure(plots.layer_error_curve(result, metric)),
-        "<h2>Histograms</h2>", _figure(plots.metric_histogram(result, metric)),
+        "<h2>Per-layer error</h2>", _bands_note(bands, metric or result.criterion.metric),
+        _figure(plots.layer_error_curve(result, metric, bands=bands)),
+        "<h2>Histograms</h2>", _figure(plots.metric_histogram(result, metric, bands=bands)),
     ]
     if result.culprits:
-        parts.append(_figure(plots.culprit_bars(result, metric)))
+        parts.append(_figure(plots.culprit_bars(result, metric, bands=bands)))
     for name, (ref, cand) in values.items():
         parts += [f"<h2>Tensor <code>{_e(name)}</code></h2>",
                   f"<p class='muted'>shape {list(ref.shape)}, reference {ref.dtype}, candidate {cand.dtype} "
@@ -369,6 +373,14 @@ def render_report(result: CompareResult, *, inspection: Any = None, tensors: Map
         parts += ["<h2>Notes</h2>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in result.notes) + "</ul>"]
     parts += ["<h2>Tensors</h2>", _tensors_table(result)]
     return page(title, parts, result.to_json())
+
+
+def _bands_note(bands: Any, metric: str) -> str:
+    """One line: the colour bands the figures shade, and whose they are."""
+    if bands.metric != metric:
+        return ""
+    whose = "set by the user" if bands.source == "user" else "the criterion's defaults (bad: its tolerance)"
+    return f"<p class='muted'>colour bands ({_e(whose)}): {_e('; '.join(label for label, _ in bands.legend()))}</p>"
 
 
 def require_plotly() -> None:
@@ -401,16 +413,18 @@ def page(title: str, parts: list[str], data: dict) -> str:
 
 def write_report(result: CompareResult, path: str | os.PathLike, inspection: Any = None, *,
                  tensors: Mapping[str, Any] | None = None, title: str | None = None,
-                 metric: str | None = None) -> Path:
+                 metric: str | None = None, bands: Any = None) -> Path:
     """Write the self-contained HTML report of ``result`` to ``path`` (atomically).
 
     ``inspection``: an :class:`~workbench.inspection.Inspection` or its JSON for the op inventory (default:
     inspect the model file the result names, if it is still there and unchanged). ``tensors``:
     ``{name: (reference, candidate)}`` values for value histograms (see :func:`workbench.report.capture_tensors`,
-    or ``Bundle.tensors()``). ``metric``: the metric plotted (default: the criterion's)."""
+    or ``Bundle.tensors()``). ``metric``: the metric plotted (default: the criterion's). ``bands``
+    (:class:`~workbench.plots.thresholds.Bands` of that metric): the colour thresholds the figures shade (default:
+    the criterion's, as the notebook colours a run until the user sets their own)."""
     from .._atomic import atomic_write_text
 
-    text = render_report(result, inspection=inspection, tensors=tensors, title=title, metric=metric)
+    text = render_report(result, inspection=inspection, tensors=tensors, title=title, metric=metric, bands=bands)
     out = atomic_write_text(path, text)
     log.info("wrote report %s (%.1f MiB)", out, len(text) / 1024**2)
     return out

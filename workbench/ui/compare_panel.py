@@ -461,9 +461,11 @@ class ComparePanel(PairedPanel, widgets.VBox):
         returns the job's thread (None if nothing started)."""
         from ..report.html import write_report
 
-        inspection = self.state.inspection
+        from .thresholds_box import bands_in_use
+
+        inspection, bands = self.state.inspection, bands_in_use(self.state)
         return self._export("the HTML report", "HTML report", lambda result, folder: write_report(
-            result, folder / f"report-{_stamp(result)}.html", inspection))
+            result, folder / f"report-{_stamp(result)}.html", inspection, bands=bands))
 
     def export_bundle(self):
         """Write a rerunnable bundle (.zip) of the current result (on a worker thread) and offer it as a download

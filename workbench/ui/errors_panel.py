@@ -158,11 +158,11 @@ class ErrorsPanel(widgets.VBox):
         from ..plots.compare import culprit_bars, metric_histogram
 
         show_figure(self.overview, metric_histogram(result, bands=bands_in_use(self.state)))
-        show_figure(self.culprit_chart, culprit_bars(result))
+        show_figure(self.culprit_chart, culprit_bars(result, bands=bands_in_use(self.state)))
         self._show_detail(self.state.selected)
 
     def _on_bands(self) -> None:
-        """New colour thresholds: the curve and the distribution chart are coloured again."""
+        """New colour thresholds: the curve, the distribution chart and the culprit chart are coloured again."""
         if self.state.result is not None:
             self.refresh()
 
