@@ -366,8 +366,9 @@ def _fmt_change(d: float | None, metric: str) -> str:
 def diff_results(before: Any, after: Any, *, metric: str | None = None,
                  labels: tuple[str, str] = ("before", "after"), trust_unsealed: bool = False) -> ResultDiff:
     """Compare two results (CompareResult objects, results JSON files or bundles; bundles without a seal only when
-    ``trust_unsealed``). ``metric``: the one ranked (default: the ``before`` criterion's). Two engine graphs (``workbench.engine_graph/1``) give an
-    :class:`~workbench.engine_graphs.diff.EngineGraphDiff` instead: changed fusions, providers, precisions, latency."""
+    ``trust_unsealed``). ``metric``: the one ranked (default: the ``before`` criterion's). Two engine graphs
+    (``workbench.engine_graph/1``) give an :class:`~workbench.engine_graphs.diff.EngineGraphDiff` instead: changed
+    fusions, providers, precisions, latency."""
     from ..engine_graphs.diff import diff_graphs, load_graph
 
     if load_graph(before) is not None or load_graph(after) is not None:

@@ -460,7 +460,6 @@ class ComparePanel(PairedPanel, widgets.VBox):
         """Write the HTML report of the current result (on a worker thread) and offer it as a download link;
         returns the job's thread (None if nothing started)."""
         from ..report.html import write_report
-
         from .thresholds_box import bands_in_use
 
         inspection, bands = self.state.inspection, bands_in_use(self.state)
