@@ -179,3 +179,67 @@ def test_cli_from_fp32_with_a_built_in_task_metric_reports_each_kind(tmp_path, c
     assert main([*args[:-4], "--out", str(tmp_path / "f2.onnx"), "--json", str(js2), "--no-rewrites"]) == 0
     assert "kept in reference precision (fp32-island): " + BN in capsys.readouterr().out
     assert json.loads(js2.read_text())["repairs"] == [{"node": BN, "kind": "fp32-island"}]
+
+
+def _linear_then_scale(kind: str) -> tuple[onnx.ModelProto, dict]:
+    """x -> a linear op whose outputs pass 65504 (weights ~ 2000) -> a constant scale that brings them back.
+    ``kind``: "matmul+add" (an exported Linear: MatMul, Add of the bias, then Mul by 1e-3), "gemm" (Gemm with C,
+    then Div by 1000) or "matmul" (a bare MatMul, then Mul by one scale per output channel)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(7)
+    n_in, n_out = 64, 32
+    w = (rng.uniform(1500.0, 2500.0, (n_in, n_out)) * rng.choice([-1, 1], (1, n_out))).astype(np.float32)
+    b = rng.normal(0.0, 10.0, n_out).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "W")]
+    if kind == "matmul+add":
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"], name="fc/MatMul"),
+                 helper.make_node("Add", ["mm", "B"], ["lin"], name="fc/Add"),
+                 helper.make_node("Mul", ["lin", "C"], ["scaled"], name="fc/scale")]
+        inits += [numpy_helper.from_array(b, "B"), numpy_helper.from_array(np.array(1e-3, np.float32), "C")]
+    elif kind == "gemm":
+        nodes = [helper.make_node("Gemm", ["x", "W", "B"], ["lin"], name="fc/Gemm"),
+                 helper.make_node("Div", ["lin", "C"], ["scaled"], name="fc/scale")]
+        inits += [numpy_helper.from_array(b, "B"), numpy_helper.from_array(np.array(1000.0, np.float32), "C")]
+    else:
+        c = rng.uniform(5e-4, 2e-3, n_out).astype(np.float32)
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["lin"], name="fc/MatMul"),
+                 helper.make_node("Mul", ["lin", "C"], ["scaled"], name="fc/scale")]
+        inits += [numpy_helper.from_array(c, "C")]
+    nodes.append(helper.make_node("Relu", ["scaled"], ["y"], name="act/Relu"))
+    graph = helper.make_graph(nodes, kind, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, n_in])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n_out])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = (np.abs(rng.standard_normal((4, n_in))) * 3).astype(np.float32)
+    return model, {"x": x}
+
+
+@pytest.mark.parametrize("kind, culprit_into", [("matmul+add", "fc/Add"), ("gemm", "fc/Gemm"),
+                                                ("matmul", "fc/MatMul")])
+def test_a_scale_after_an_overflowing_matmul_or_gemm_moves_into_its_weights(tmp_path, kind, culprit_into):
+    """The linear op's outputs pass FP16's 65504 before the scale brings them back: on ref:fp16 (numpy FP16
+    arithmetic) the outputs are inf. The scale moves into the weights (and the bias), the Mul/Div goes, and every
+    weight stays FP16. The truth: numpy's float64 arithmetic on the FP32 weights and onnxruntime on the saved
+    model."""
+    model, feed = _linear_then_scale(kind)
+    path = tmp_path / f"{kind}.onnx"
+    onnx.save(model, str(path))
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(path), "ref", "ref:fp16", feeds=[feed], out=out, verify="ort")
+    assert res.met and res.kept == [] and res.verification["independent"]["met"], res.render()
+    assert [(r["node"], r["kind"], r["into"]) for r in res.repairs] == [("fc/scale", "fold-scale", culprit_into)]
+    fixed = onnx.load(str(out))
+    onnx.checker.check_model(fixed)
+    assert "fc/scale" not in {n.name for n in fixed.graph.node}
+    assert float_weight_types(fixed) == {TensorProto.FLOAT16}
+    # float64 truth from the FP32 model's own weights, computed here by hand
+    init = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    x = feed["x"].astype(np.float64)
+    lin = x @ init["W"] + init.get("B", 0.0)
+    truth = np.maximum(lin / init["C"] if kind == "gemm" else lin * init["C"], 0.0)
+    assert np.abs(lin).max() > 65504  # the linear op does overflow FP16 before the scale
+    import onnxruntime as ort
+
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert np.isfinite(got).all() and np.abs(got - truth).max() < 1e-3 * np.abs(truth).max(), np.abs(got - truth).max()

@@ -15,10 +15,12 @@ A culprit whose cause is a constant the converter changed (clamped to its ``max_
     the same BatchNormalization, when it cannot be folded: its variance moved into its scale (``scale' = s``,
     ``var' = 1 - eps``), the same function with every parameter in range.
 ``fold-scale``
-    a constant scale (``Mul``/``Div`` by a scalar or per-channel constant) after a Conv that feeds it alone, moved
-    across the Conv into its weights and bias (``W' = W * c``, ``B' = B * c``), and the Mul removed: a Conv whose
-    output overflows the format before the scale brings it back (values past 65504, then ``* 1e-4``) then
-    computes in range. Same conditions on the folded weights as ``fold-bn``.
+    a constant scale (``Mul``/``Div`` by a scalar or per-output-channel constant) after a linear op with constant
+    weights that feeds it alone -- a Conv/ConvTranspose, a MatMul (bare, or followed by the Add of its constant
+    bias: an exported Linear) or a Gemm -- moved across the op into its weights and bias (``W' = W * c``,
+    ``B' = B * c``), and the Mul/Div removed: an op whose output overflows the format before the scale brings it
+    back (values past 65504, then ``* 1e-4``) then computes in range. Same conditions on the folded weights as
+    ``fold-bn``.
 
 A rewrite changes constants only (plus, for ``fold-bn``, removes the BatchNormalization), keeps every other
 tensor's name, and is always cheaper than an FP32 island: no node and no weight byte is left in high precision.
@@ -82,6 +84,19 @@ def _sqnr_db(exact: np.ndarray, dtype) -> float:
         got = exact.astype(dtype).astype(np.float64)
     noise = float(np.sum((got - exact) ** 2))
     return float("inf") if noise == 0 else float(10 * np.log10(max(float(np.sum(exact ** 2)), 1e-300) / noise))
+
+
+@dataclass
+class _Linear:
+    """A linear op a scale can move into: ``out`` writes the scaled tensor (the op itself, or the Add of its
+    bias), ``weight`` holds the constant weight at input ``slot`` with output channels on ``axis``; ``bias``:
+    (node, input slot, constant or None for a slot to fill) or None (a bare MatMul: no bias)."""
+
+    out: onnx.NodeProto
+    weight: onnx.NodeProto
+    slot: int
+    axis: int
+    bias: tuple[onnx.NodeProto, int, str | None] | None
 
 
 class RewriteFinder:
@@ -209,40 +224,107 @@ class RewriteFinder:
             return None
         return conv
 
+    def _linear(self, x: str) -> _Linear | None:
+        """The linear op writing ``x`` whose output channels a scale can move into: a foldable Conv, a MatMul
+        with a constant weight (optionally followed by an Add of a constant bias: an exported Linear), or a Gemm
+        with a constant B (and C). Each tensor on the way is read by one node only and is no graph output."""
+        def single(t: str) -> onnx.NodeProto | None:
+            if self.uses.get(t, 0) != 1 or t in self.idx.graph_outputs:
+                return None
+            return self.idx.producer.get(t)
+
+        node = single(x)
+        if node is None or not node.name:
+            return None
+        if node.op_type in ("Conv", "ConvTranspose"):
+            conv = self._foldable_conv(x)
+            if conv is None:
+                return None
+            b = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+            return _Linear(conv, conv, 1, 1 if conv.op_type == "ConvTranspose" else 0,
+                           (conv, 2, self._const(b) if b else None))
+        if node.op_type == "Add" and len(node.input) == 2:
+            for k in (1, 0):
+                b_name = self._const(node.input[k])
+                mm = single(node.input[1 - k]) if b_name is not None else None
+                lin = self._matmul(mm) if mm is not None and mm.name else None
+                if lin is not None:
+                    return _Linear(node, lin.weight, 1, lin.axis, (node, k, b_name))
+            return None
+        if node.op_type == "MatMul":
+            return self._matmul(node)
+        if node.op_type == "Gemm" and len(node.input) >= 2 and self._const(node.input[1]) is not None:
+            c = node.input[2] if len(node.input) > 2 and node.input[2] else None
+            if c and self._const(c) is None:
+                return None
+            trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+            return _Linear(node, node, 1, 0 if trans_b else 1, (node, 2, self._const(c) if c else None))
+        return None
+
+    def _matmul(self, node: onnx.NodeProto) -> _Linear | None:
+        """A MatMul whose second input is a constant of rank >= 2 (its last axis: the output channels)."""
+        if node.op_type != "MatMul" or len(node.input) != 2:
+            return None
+        w = self._const(node.input[1])
+        if w is None or len(self.idx.consts[w].dims) < 2:
+            return None
+        return _Linear(node, node, 1, len(self.idx.consts[w].dims) - 1, None)
+
     def _fold(self, conv: onnx.NodeProto, s: np.ndarray, shift: np.ndarray | None, dtype
               ) -> tuple[dict, dict, float] | None:
         """New weight and bias of ``conv`` for output channels scaled by ``s`` (then ``+ shift``), from the
         reference's values; None when they do not fit the format or lose precision there."""
-        w_name = self._const(conv.input[1])
-        b_name = self._const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+        b = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+        lin = _Linear(conv, conv, 1, 1 if conv.op_type == "ConvTranspose" else 0, (conv, 2, self._const(b) if b else
+                                                                                      None))
+        return self._fold_into(lin, s, shift, dtype)
+
+    def _fold_into(self, lin: _Linear, s: np.ndarray, shift: np.ndarray | None, dtype
+                   ) -> tuple[dict, dict, float] | None:
+        """New weight and bias of the linear op ``lin`` for output channels scaled by ``s`` (then ``+ shift``),
+        from the reference's values; None when they do not fit the format or lose precision there."""
+        w_name = self._const(lin.weight.input[lin.slot])
         w = self._ref(w_name, self.idx.consts[w_name])
+        b_owner, b_slot, b_name = lin.bias if lin.bias is not None else (None, None, None)
         b = self._ref(b_name, self.idx.consts[b_name]) if b_name else None
-        if w is None or (b_name and b is None):
+        if w is None or (b_name and b is None) or (lin.bias is None and shift is not None):
             return None
-        axis = 1 if conv.op_type == "ConvTranspose" else 0
+        channels = w.shape[lin.axis]
         s = np.asarray(s, np.float64).ravel()
-        if s.size not in (1, w.shape[axis]):
+        if s.size not in (1, channels):
             return None
-        s = np.broadcast_to(s, (w.shape[axis],))
+        s = np.broadcast_to(s, (channels,))
         shape = [1] * w.ndim
-        shape[axis] = -1
+        shape[lin.axis] = -1
         w2 = w * s.reshape(shape)
-        b2 = (b if b is not None else 0.0) * s + (shift if shift is not None else 0.0)
-        b2 = np.broadcast_to(b2, (w.shape[axis],)).astype(np.float64)
-        if not (_fits(w2, dtype) and _fits(b2, dtype)):
+        new_w = f"{w_name}::{PREFIX}_fold"
+        values, where = {new_w: w2}, {new_w: (lin.weight.name, lin.slot)}
+        if lin.bias is not None:
+            if b is not None and (b.size not in (1, channels) or b.shape[-1] not in (1, channels)):
+                return None  # a bias over more than the output channels (a Gemm C of shape [M, N])
+            b2 = (b.ravel() if b is not None else 0.0) * s + (shift if shift is not None else 0.0)
+            b2 = np.broadcast_to(b2, (channels,)).astype(np.float64)
+            if b is not None and b.ndim > 1:
+                b2 = b2.reshape([1] * (b.ndim - 1) + [channels])  # the same rank: it broadcasts the same way
+            new_b = f"{b_name or lin.weight.name + '/bias'}::{PREFIX}_fold"
+            values[new_b], where[new_b] = b2, (b_owner.name, b_slot)
+        if not all(_fits(v, dtype) for v in values.values()):
             return None
         fidelity = _sqnr_db(w2, dtype)
         if fidelity < MIN_FOLD_SQNR_DB:
-            log.info("fold into %s: folded weights keep %.1f dB in the format, not folding", conv.name, fidelity)
+            log.info("fold into %s: folded weights keep %.1f dB in the format, not folding", lin.weight.name,
+                     fidelity)
             return None
-        new_w, new_b = f"{w_name}::{PREFIX}_fold", f"{b_name or conv.name + '/bias'}::{PREFIX}_fold"
-        return {new_w: w2, new_b: b2}, {new_w: (conv.name, 1), new_b: (conv.name, 2)}, fidelity
+        return values, where, fidelity
 
     def _fold_scale(self, node: onnx.NodeProto) -> Rewrite | None:
-        """fold-scale for a Mul/Div by a constant after a foldable Conv (``node``: the Mul/Div, or the Conv)."""
-        if node.op_type in ("Conv", "ConvTranspose"):
-            readers = self.idx.consumers.get(node.output[0], []) if node.output else []
-            if len(readers) != 1 or readers[0].op_type not in ("Mul", "Div"):
+        """fold-scale for a Mul/Div by a constant after a linear op with constant weights (:meth:`_linear`;
+        ``node``: the Mul/Div, or the linear op or its bias Add, whose one reader is the Mul/Div)."""
+        for _ in range(2):  # MatMul -> Add (bias) -> Mul
+            if node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm", "Add") or not node.output:
+                break
+            readers = self.idx.consumers.get(node.output[0], [])
+            if len(readers) != 1:
                 return None
             node = readers[0]
         if node.op_type not in ("Mul", "Div") or len(node.input) != 2 or not node.name:
@@ -250,23 +332,26 @@ class RewriteFinder:
         slots = [1, 0] if node.op_type == "Mul" else [1]
         for k in slots:
             c_name, x = self._const(node.input[k]), node.input[1 - k]
-            conv = self._foldable_conv(x) if c_name is not None else None
-            if conv is None:
+            lin = self._linear(x) if c_name is not None else None
+            if lin is None:
                 continue
             c = self._ref(c_name, self.idx.consts[c_name])
             if c is None or not np.all(np.isfinite(c)) or (node.op_type == "Div" and np.any(c == 0)):
                 return None
-            if c.size > 1 and (c.ndim < 3 or c.shape[-3] != c.size):
-                return None  # only a scalar or a per-channel scale shaped (C, 1, 1) / (1, C, 1, 1)
+            conv = lin.weight.op_type in ("Conv", "ConvTranspose")
+            if c.size > 1 and ((c.ndim < 3 or c.shape[-3] != c.size) if conv else c.shape[-1] != c.size):
+                return None  # a scalar, or one scale per output channel: (C, 1, 1) for a Conv, (..., N) else
             s = 1.0 / c if node.op_type == "Div" else c
             dtype = _NP.get(self.idx.consts[c_name].data_type)
-            folded = self._fold(conv, s.ravel(), None, dtype)
+            folded = self._fold_into(lin, s.ravel(), None, dtype)
             if folded is None:
                 return None
             values, where, fidelity = folded
             shown = f"{float(c.ravel()[0]):.4g}" if c.size == 1 else f"{c.size} channel scales"
-            return Rewrite(node.name, "fold-scale", f"{node.op_type} by {shown} moved into {conv.name} (weights "
-                           f"{fidelity:.0f} dB in the format)", values, where, into=conv.name, remove=node.name)
+            via = f" (through its bias {lin.out.name})" if lin.out is not lin.weight else ""
+            return Rewrite(node.name, "fold-scale", f"{node.op_type} by {shown} moved into {lin.weight.name}"
+                           f"{via} (weights {fidelity:.0f} dB in the format)", values, where, into=lin.out.name,
+                           remove=node.name)
         return None
 
     def _rescale_bn(self, node: onnx.NodeProto, dtype) -> Rewrite | None:
