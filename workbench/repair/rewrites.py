@@ -1,4 +1,6 @@
-"""Rewrite repairs: fix a culprit in the candidate's own precision (FP16; not BF16) instead of keeping it in FP32.
+"""Rewrite repairs: fix a culprit in the candidate's own precision (FP16) instead of keeping it in FP32. Not BF16:
+it holds FP32's range, so no converter clamps a constant to fit it and no scale overflows it; its culprits are
+rounding, which only an island fixes.
 
 A culprit whose cause is a constant the converter changed (clamped to its ``max_finite_val``, flushed below its
 ``min_positive_val``) can often stay in the low precision:
