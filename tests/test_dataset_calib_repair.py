@@ -163,8 +163,9 @@ def test_calibration_peak_memory_does_not_grow_with_a_folder(tmp_path):
         calibrate(model, folder, methods=("max",), method="max")
         peaks[n] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-    # 56 more samples held would add 14 MiB; streamed, the peak stays within a few feeds
-    assert peaks[64] < peaks[8] + 8 * feed_bytes, peaks
+    # 56 more samples held would add 14 MiB; streamed, the peak stays within the reader's queue (8 feeds, full when
+    # the consumer is slowed by a busy machine, while 8 files may never fill it) and the few feeds in hand: 3 MiB
+    assert peaks[64] < peaks[8] + 12 * feed_bytes, peaks
 
 
 def test_a_generator_is_read_once_and_calibrates_like_a_list(tmp_path):

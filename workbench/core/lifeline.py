@@ -32,12 +32,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: unwinds like Ctrl-C; the CLI exits 143."""
 
 
+_terminated: list[bool] = []  # a SIGTERM arrived in this process
+
+
 def exit_code(e: BaseException) -> int:
-    """130 for Ctrl-C, 143 for SIGTERM."""
-    return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+    """130 for Ctrl-C, 143 for SIGTERM (also when something unwinding after it raised a plain KeyboardInterrupt:
+    stopping a local Ray sends one)."""
+    return EXIT_TERMINATED if isinstance(e, Terminated) or _terminated else EXIT_INTERRUPTED
 
 
 def _raise_terminated(signum, frame) -> None:
+    _terminated.append(True)
     raise Terminated()
 
 
