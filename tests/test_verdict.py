@@ -195,7 +195,7 @@ def test_impact_runs_every_culprit_in_one_candidate_session(monkeypatch):
     monkeypatch.setattr(impact, "patched", counting)
     result = compare(CLAMP, "ort", "ort:fp16", impact=5)
     top = result.culprits[0]
-    assert len(calls) == 1 and result.builds == 3
+    assert len(calls) == 1 and result.builds == 4  # + the failing output run unmarked (it fails there too)
     assert top.impact["best_gain_db"] > 60 and not top.harmless
     assert top.impact["after"]["logits"]["sqnr_db"] > 60  # the fixed run agrees with the reference
 

@@ -199,6 +199,8 @@ def run_all(ctx: Context) -> Measured:
         ctx.notes.append(f"{len(plan.pairs)} tensors compared in {len(groups)} chunks to stay under the memory "
                          "budget")
     isolate = plan.options.culprits and plan.isolates_candidate
+    outputs = _outputs_to_rejudge(ctx, sizes)
+    kept: list[dict[str, np.ndarray]] = [{} for _ in plan.feeds]  # the reference's outputs, for that second look
     for gi, group in enumerate(groups):
         pairs = [by_ref[t] for t in group]
         span = ctx.step.span(gi / len(groups), (gi + 1) / len(groups))
@@ -213,6 +215,8 @@ def run_all(ctx: Context) -> Measured:
             refs = _run_side(ctx, plan.ref_engine, plan.ref_model, marked, plan.feeds, reference=True,
                              step=_FeedSteps(tick, 0.0, 0.3, f"{where}: reference", n_feeds))
         ref_s = tick.elapsed
+        for fi, values in enumerate(refs):
+            kept[fi].update({p.tensor: values[p.tensor] for p in outputs if p.tensor in values})
         with Ticker(span, 0.3, 0.6, f"{where}: candidate engine", ref_s) as tick:
             t0 = time.perf_counter()
             with ctx.prepare_candidate(plan.cand_model, [p.candidate for p in pairs]) as cand_sess:
@@ -232,8 +236,71 @@ def run_all(ctx: Context) -> Measured:
                 _run_isolation(ctx, iso, refs, out,
                                _FeedSteps(tick, 0.6, 0.4, f"{where}: every node alone (culprit search)", n_feeds))
         del refs
+    if outputs and _failing(ctx, out, outputs):
+        ctx.step(1.0, "the failing outputs once more, with nothing else marked")
+        _unmarked_outputs(ctx, out, outputs, kept)
     ctx.step(1.0, "layer-wise comparison done")
     return out
+
+
+def _outputs_to_rejudge(ctx: Context, sizes: dict[str, int | None]) -> list[TensorPair]:
+    """The output pairs to look at again on an unmarked candidate run when they fail: where the candidate's engine
+    may compute its outputs differently once intermediates are marked (:attr:`Engine.marking_changes_outputs`), the
+    candidate is in a lossier precision than FP32, and intermediates are marked at all. Empty when their reference
+    values over every feed would take more than a quarter of the memory budget."""
+    plan = ctx.plan
+    if not getattr(plan.cand_engine, "marking_changes_outputs", False) or plan.cand_precision.family == "fp32":
+        return []
+    names = set(plan.ref_graph.outputs)
+    outputs = [p for p in plan.pairs if p.tensor in names]
+    if not outputs or len(outputs) == len(plan.pairs):
+        return []
+    held = sum(sizes.get(p.tensor) or 0 for p in outputs) * len(plan.feeds)
+    if held > ctx.budget // 4:
+        log.info("outputs not run again unmarked: their values over the feeds (%d bytes) exceed a quarter of the "
+                 "memory budget", held)
+        return []
+    return outputs
+
+
+def _failing(ctx: Context, out: Measured, outputs: list[TensorPair]) -> bool:
+    crit = ctx.plan.criterion
+    return any(p.tensor in out.full and crit.diverged(out.full[p.tensor].metrics()) for p in outputs)
+
+
+def _unmarked_outputs(ctx: Context, out: Measured, outputs: list[TensorPair], kept: list[dict]) -> None:
+    """The failing outputs from one candidate run that marks nothing but them, as the file runs when deployed on
+    this engine. The verdict stays the marked run's, where every tensor is held in the model's own types (as a GPU
+    stores FP16 intermediates); where the unmarked outputs pass, a note says so with their figures."""
+    plan = ctx.plan
+    plain = {p.tensor: ErrorStats() for p in outputs}
+    t0 = time.perf_counter()
+    with ctx.prepare_candidate(plan.cand_model, [p.candidate for p in outputs]) as session:
+        ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for fi, cfeed in enumerate(plan.cand_feeds):
+            cand = session.run(cfeed)
+            update_many([(plain[p.tensor], kept[fi][p.tensor], cand[p.candidate]) for p in outputs
+                         if p.tensor in kept[fi] and p.candidate in cand])
+            del cand
+        ctx.timing["run_s"] = ctx.timing.get("run_s", 0.0) + time.perf_counter() - t0
+    crit = plan.criterion
+    passing = [f"{p.tensor} ({_said(out.full[p.tensor].metrics())} marked, {_said(plain[p.tensor].metrics())} "
+               "unmarked)" for p in outputs if p.tensor in out.full and plain[p.tensor].count
+               and crit.diverged(out.full[p.tensor].metrics()) and not crit.diverged(plain[p.tensor].metrics())]
+    if passing:
+        ctx.notes.append(
+            f"on {plan.cand_engine.name} as deployed (nothing but the outputs marked) the failing output(s) pass: "
+            f"{'; '.join(passing)}. Marked, every tensor is held in the model's own types, as a GPU holds them; "
+            f"unmarked, {plan.cand_engine.name} keeps intermediates in higher precision or fuses across them (ONNX "
+            "Runtime's CPU provider computes FP16 nodes in FP32 between its Casts). The verdict is the marked "
+            "run's; --mode bisect judges the outputs unmarked")
+
+
+def _said(m: dict) -> str:
+    bad = m.get("nonfinite_mismatch") or 0
+    db = m.get("sqnr_db")
+    return f"{bad} inf/NaN" if bad else f"{db:.1f} dB" if isinstance(db, (int, float)) else "no SQNR"
 
 
 class _FeedSteps:

@@ -42,9 +42,14 @@ class Engine(ABC):
     variants: tuple[str, ...] = ("fp32", "fp16", "int8")
     #: native code that may crash or hang the caller: run it in a worker process by default
     isolated_by_default: bool = False
-    #: True where marking every tensor as an output is cheap and does not change the computation
-    #: (ORT, OpenVINO, ref); False for TensorRT, whose fusions change (layer-wise search bisects there).
+    #: True where marking every tensor as an output is cheap (ORT, OpenVINO, ref); False for TensorRT, whose
+    #: fusions change (layer-wise search bisects there).
     marks_all_cheaply: bool = True
+    #: True where marking intermediate tensors may change the graph outputs themselves: an optimizing runtime
+    #: keeps an unmarked intermediate in higher precision (ORT's CPU provider removes FP16 Cast pairs) or fuses
+    #: across it (Q/DQ into QLinear kernels, TensorRT's fusions); where such outputs fail, the layer-wise
+    #: comparison runs them once more unmarked and says when they pass there (``compare.strategies.run_all``)
+    marking_changes_outputs: bool = False
     #: builds sessions from model files (through :func:`workbench.engines.serialize.model_payload`), so a plan
     #: writes the weights once (:mod:`workbench.engines.files`) and every session maps them
     reads_files: bool = False

@@ -52,6 +52,7 @@ class IsolatedEngine(Engine):
         self.name = cls.__name__ if dotted else self.engine_name.partition(":")[0]
         self._label = cls.__name__ if dotted else (cls.label.split(",")[0].split("(")[0].strip() or self.name)
         self.marks_all_cheaply = cls.marks_all_cheaply
+        self.marking_changes_outputs = cls.marking_changes_outputs
         self._worker: Worker | None = None
         self._generation = 0
         self._lock = threading.RLock()

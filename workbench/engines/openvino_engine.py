@@ -25,6 +25,7 @@ class OpenVinoEngine(Engine):
     name = "openvino"
     label = "OpenVINO, CPU plugin, f32 inference precision"
     reads_files = True
+    marking_changes_outputs = True  # its graph transformations fuse across unmarked tensors
 
     def __init__(self, device: str = "CPU", inference_precision: str = "f32", config: dict | None = None):
         self.device = device

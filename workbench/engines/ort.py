@@ -42,6 +42,7 @@ class OrtEngine(Engine):
     label = "ONNX Runtime, CPU execution provider"
     provider_default = "cpu"
     reads_files = True
+    marking_changes_outputs = True  # FP16 Cast pairs removed between unmarked nodes; Q/DQ fused into QLinear ops
 
     def __init__(self, provider: str | None = None, threads: int | None = None, graph_optimization: str = "all",
                  provider_options: dict | None = None, memory_arena: bool | None = None):

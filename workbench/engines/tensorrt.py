@@ -38,6 +38,7 @@ class TensorRTEngine(Engine):
     name = "trt"
     label = "TensorRT (strongly typed networks on TRT >= 10)"
     marks_all_cheaply = False
+    marking_changes_outputs = True
     isolated_by_default = True
     reads_files = True
 
