@@ -240,11 +240,7 @@ class RewriteFinder:
             return None
         if node.op_type in ("Conv", "ConvTranspose"):
             conv = self._foldable_conv(x)
-            if conv is None:
-                return None
-            b = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
-            return _Linear(conv, conv, 1, 1 if conv.op_type == "ConvTranspose" else 0,
-                           (conv, 2, self._const(b) if b else None))
+            return self._conv(conv) if conv is not None else None
         if node.op_type == "Add" and len(node.input) == 2:
             for k in (1, 0):
                 b_name = self._const(node.input[k])
@@ -263,6 +259,12 @@ class RewriteFinder:
             return _Linear(node, node, 1, 0 if trans_b else 1, (node, 2, self._const(c) if c else None))
         return None
 
+    def _conv(self, conv: onnx.NodeProto) -> _Linear:
+        """A Conv (output channels on the weight's axis 0) or ConvTranspose (axis 1), its bias in slot 2."""
+        b = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+        return _Linear(conv, conv, 1, 1 if conv.op_type == "ConvTranspose" else 0,
+                       (conv, 2, self._const(b) if b else None))
+
     def _matmul(self, node: onnx.NodeProto) -> _Linear | None:
         """A MatMul whose second input is a constant of rank >= 2 (its last axis: the output channels)."""
         if node.op_type != "MatMul" or len(node.input) != 2:
@@ -276,10 +278,7 @@ class RewriteFinder:
               ) -> tuple[dict, dict, float] | None:
         """New weight and bias of ``conv`` for output channels scaled by ``s`` (then ``+ shift``), from the
         reference's values; None when they do not fit the format or lose precision there."""
-        b = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
-        lin = _Linear(conv, conv, 1, 1 if conv.op_type == "ConvTranspose" else 0, (conv, 2, self._const(b) if b else
-                                                                                      None))
-        return self._fold_into(lin, s, shift, dtype)
+        return self._fold_into(self._conv(conv), s, shift, dtype)
 
     def _fold_into(self, lin: _Linear, s: np.ndarray, shift: np.ndarray | None, dtype
                    ) -> tuple[dict, dict, float] | None:
