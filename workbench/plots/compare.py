@@ -457,7 +457,7 @@ def culprit_bars(result, metric: str | None = None, bands: Any = None) -> go.Fig
     """Per culprit (harmful first, harmless last): the error it introduces alone vs the error its inputs already
     carried, its output's precision floor (a tick), and in the hover what fixing it gains on the outputs.
     Harmless culprits (fixing them gains almost nothing) are labelled "(harmless)" and drawn pale. ``bands`` (the
-    colour thresholds of ``metric``) are shaded behind, the legend stating them."""
+    colour thresholds of ``metric``) are shaded behind, the title stating them."""
     m = _metric(result, metric)
     culprits = list(result.culprits)
     # tick labels: long node names shortened in the middle (numbered, so distinct); the hover names them in full
