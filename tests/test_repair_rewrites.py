@@ -243,3 +243,63 @@ def test_a_scale_after_an_overflowing_matmul_or_gemm_moves_into_its_weights(tmp_
 
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     assert np.isfinite(got).all() and np.abs(got - truth).max() < 1e-3 * np.abs(truth).max(), np.abs(got - truth).max()
+
+
+def _attention(scale: float = 1e-4) -> tuple[onnx.ModelProto, dict]:
+    """One attention head whose scores Q @ K^T pass 65504 (projections of std 10 on 64 features: up to 1.6e5)
+    before ``* scale`` brings them to softmax's range: q = Reshape(x @ Wq + bq), k^T = Transpose(x @ Wk + bk),
+    y = softmax((q @ k^T) * scale) @ (x @ Wv)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(3)
+    s, d = 16, 64
+    f = numpy_helper.from_array
+    weights = {"Wq": rng.standard_normal((d, d)) * 10, "Wk": rng.standard_normal((d, d)) * 10,
+               "Wv": rng.standard_normal((d, d)) / 8, "Bq": rng.standard_normal(d), "Bk": rng.standard_normal(d),
+               "C": np.array(scale)}
+    nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q_mm"], name="q/MatMul"),
+             helper.make_node("Add", ["q_mm", "Bq"], ["q_lin"], name="q/Add"),
+             helper.make_node("Reshape", ["q_lin", "shape"], ["q"], name="q/Reshape"),
+             helper.make_node("MatMul", ["x", "Wk"], ["k_mm"], name="k/MatMul"),
+             helper.make_node("Add", ["k_mm", "Bk"], ["k"], name="k/Add"),
+             helper.make_node("Transpose", ["k"], ["kT"], name="k/Transpose", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kT"], ["scores"], name="attn/scores"),
+             helper.make_node("Mul", ["scores", "C"], ["scaled"], name="attn/scale"),
+             helper.make_node("Softmax", ["scaled"], ["p"], name="attn/softmax", axis=-1),
+             helper.make_node("MatMul", ["x", "Wv"], ["v"], name="v/MatMul"),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="attn/context")]
+    inits = [f(v.astype(np.float32), k) for k, v in weights.items()] + [f(np.array([1, s, d]), "shape")]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, s, d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, s, d])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, {"x": rng.standard_normal((1, s, d)).astype(np.float32)}
+
+
+def test_a_scale_after_attention_scores_moves_into_the_query_projection(tmp_path):
+    """Attention scores that overflow FP16 before their scale (ref:fp16: FP16 storage between nodes): the scalar
+    moves across the scores MatMul and the query's Reshape into the query projection's weights and bias, so
+    Q @ K^T is computed in range, every weight FP16. The truth: float64 numpy on the FP32 weights, and
+    onnxruntime on the saved model."""
+    model, feed = _attention()
+    path, out = tmp_path / "attention.onnx", tmp_path / "fixed.onnx"
+    onnx.save(model, str(path))
+    res = repair(str(path), "ref", "ref:fp16", feeds=[feed], out=out, verify="ort")
+    assert res.met and res.kept == [] and res.verification["independent"]["met"], res.render()
+    assert [(r["node"], r["kind"], r["into"]) for r in res.repairs] == [("attn/scale", "fold-scale", "attn/scores")]
+    assert "inf/NaN where the reference is finite" in res.render()  # the output before: NaN from the inf scores
+    fixed = onnx.load(str(out))
+    onnx.checker.check_model(fixed)
+    assert "attn/scale" not in {n.name for n in fixed.graph.node}
+    assert float_weight_types(fixed) == {TensorProto.FLOAT16}
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    x = feed["x"].astype(np.float64)
+    scores = (x @ w["Wq"] + w["Bq"]) @ (x @ w["Wk"] + w["Bk"]).transpose(0, 2, 1)
+    assert np.abs(scores).max() > 65504  # Q @ K^T does overflow FP16 before the scale
+    z = scores * w["C"]
+    p = np.exp(z - z.max(-1, keepdims=True))
+    truth = (p / p.sum(-1, keepdims=True)) @ (x @ w["Wv"])
+    import onnxruntime as ort
+
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert np.isfinite(got).all() and np.abs(got - truth).max() < 1e-2 * np.abs(truth).max()

@@ -98,7 +98,7 @@ class RepairResult:
         for out, b in (self.before.get("outputs") or {}).items():
             a = (self.after.get("outputs") or {}).get(out, {})
             key = next((k for k in b if k not in ("nonfinite_mismatch", "diverged")), None)
-            lines.append(f"  output {safe_name(out)}: {key} {_fmt(b.get(key))} -> {_fmt(a.get(key))}")
+            lines.append(f"  output {safe_name(out)}: {key} {_with_nonfinite(b, key)} -> {_with_nonfinite(a, key)}")
         if self.target.get("kind") == "metric":
             lines.append(f"  {safe_name(self.target.get('metric'))}: {_fmt(self.before.get('value'))} -> "
                          f"{_fmt(self.after.get('value'))} "
@@ -117,6 +117,13 @@ class RepairResult:
             lines.append(f"  repaired model: {safe_name(self.model_path)}")
         lines += [f"  note: {safe_name(n)}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _with_nonfinite(metrics: dict, key: str | None) -> str:
+    """An output's metric, and how many of its values are inf/NaN where the reference's are finite (the metric
+    reads the finite values only)."""
+    bad = metrics.get("nonfinite_mismatch") or 0
+    return _fmt(metrics.get(key)) + (f" ({bad} inf/NaN where the reference is finite)" if bad else "")
 
 
 def _fmt(v: Any) -> str:

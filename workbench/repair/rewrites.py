@@ -21,8 +21,10 @@ A culprit whose cause is a constant the converter changed (clamped to its ``max_
     weights that feeds it alone -- a Conv/ConvTranspose, a MatMul (bare, or followed by the Add of its constant
     bias: an exported Linear) or a Gemm -- moved across the op into its weights and bias (``W' = W * c``,
     ``B' = B * c``), and the Mul/Div removed: an op whose output overflows the format before the scale brings it
-    back (values past 65504, then ``* 1e-4``) then computes in range. Same conditions on the folded weights as
-    ``fold-bn``.
+    back (values past 65504, then ``* 1e-4``) then computes in range. A scalar after a MatMul of two activations
+    (attention scores ``Q @ K^T``) moves across it, and across the Reshape/Transpose on one operand, into the
+    linear op that computes that operand (the query projection): the product itself is then in range. Same
+    conditions on the folded weights as ``fold-bn``.
 
 A rewrite changes constants only (plus, for ``fold-bn``, removes the BatchNormalization), keeps every other
 tensor's name, and is always cheaper than an FP32 island: no node and no weight byte is left in high precision.
@@ -334,6 +336,9 @@ class RewriteFinder:
         for k in slots:
             c_name, x = self._const(node.input[k]), node.input[1 - k]
             lin = self._linear(x) if c_name is not None else None
+            across = None  # a MatMul of two activations (attention scores) the scale moves across first
+            if lin is None and c_name is not None and int(np.prod(list(self.idx.consts[c_name].dims))) == 1:
+                across, lin = self._operand_linear(x)
             if lin is None:
                 continue
             c = self._ref(c_name, self.idx.consts[c_name])
@@ -350,10 +355,35 @@ class RewriteFinder:
             values, where, fidelity = folded
             shown = f"{float(c.ravel()[0]):.4g}" if c.size == 1 else f"{c.size} channel scales"
             via = f" (through its bias {lin.out.name})" if lin.out is not lin.weight else ""
+            if across is not None:
+                via += f" across {across.name}, which now multiplies in range"
             return Rewrite(node.name, "fold-scale", f"{node.op_type} by {shown} moved into {lin.weight.name}"
-                           f"{via} (weights {fidelity:.0f} dB in the format)", values, where, into=lin.out.name,
-                           remove=node.name)
+                           f"{via} (weights {fidelity:.0f} dB in the format)", values, where,
+                           into=(across or lin.out).name, remove=node.name)
         return None
+
+    def _operand_linear(self, x: str) -> tuple[onnx.NodeProto | None, _Linear | None]:
+        """For ``x`` written by a MatMul of two activations (``Q @ K^T``): that MatMul and the linear op with
+        constant weights behind one of its operands, reached through ops a scalar commutes with (Reshape,
+        Transpose, Squeeze, Unsqueeze, Identity), each tensor read once. A scalar scale after the MatMul equals the
+        same scale on that operand, so it folds into those weights: the product is computed in range."""
+        if self.uses.get(x, 0) != 1 or x in self.idx.graph_outputs:
+            return None, None
+        mm = self.idx.producer.get(x)
+        if mm is None or mm.op_type != "MatMul" or not mm.name or len(mm.input) != 2 \
+                or any(self._const(t) is not None for t in mm.input):
+            return None, None
+        for t in mm.input:
+            for _ in range(8):
+                p = self.idx.producer.get(t)
+                if p is None or p.op_type not in ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity") \
+                        or self.uses.get(t, 0) != 1 or t in self.idx.graph_outputs:
+                    break
+                t = p.input[0]
+            lin = self._linear(t)
+            if lin is not None:
+                return mm, lin
+        return None, None
 
     def _rescale_bn(self, node: onnx.NodeProto, dtype) -> Rewrite | None:
         params = self._bn_params(node)
