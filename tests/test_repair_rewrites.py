@@ -215,6 +215,21 @@ def _linear_then_scale(kind: str) -> tuple[onnx.ModelProto, dict]:
     return model, {"x": x}
 
 
+def _repaired_by_fold_scale_alone(model: onnx.ModelProto, feed: dict, tmp_path: Path, scale: str, into: str):
+    """Repair ``model`` on ref:fp16 (verified on onnxruntime): met by one fold-scale of node ``scale`` into node
+    ``into``, no island; the saved model is valid, has no ``scale`` node and only FP16 weights. -> (result, path)."""
+    path, out = tmp_path / "model.onnx", tmp_path / "fixed.onnx"
+    onnx.save(model, str(path))
+    res = repair(str(path), "ref", "ref:fp16", feeds=[feed], out=out, verify="ort")
+    assert res.met and res.kept == [] and res.verification["independent"]["met"], res.render()
+    assert [(r["node"], r["kind"], r["into"]) for r in res.repairs] == [(scale, "fold-scale", into)]
+    fixed = onnx.load(str(out))
+    onnx.checker.check_model(fixed)
+    assert scale not in {n.name for n in fixed.graph.node}
+    assert float_weight_types(fixed) == {TensorProto.FLOAT16}
+    return res, out
+
+
 @pytest.mark.parametrize("kind, culprit_into", [("matmul+add", "fc/Add"), ("gemm", "fc/Gemm"),
                                                 ("matmul", "fc/MatMul")])
 def test_a_scale_after_an_overflowing_matmul_or_gemm_moves_into_its_weights(tmp_path, kind, culprit_into):
@@ -223,16 +238,7 @@ def test_a_scale_after_an_overflowing_matmul_or_gemm_moves_into_its_weights(tmp_
     weight stays FP16. The truth: numpy's float64 arithmetic on the FP32 weights and onnxruntime on the saved
     model."""
     model, feed = _linear_then_scale(kind)
-    path = tmp_path / f"{kind}.onnx"
-    onnx.save(model, str(path))
-    out = tmp_path / "fixed.onnx"
-    res = repair(str(path), "ref", "ref:fp16", feeds=[feed], out=out, verify="ort")
-    assert res.met and res.kept == [] and res.verification["independent"]["met"], res.render()
-    assert [(r["node"], r["kind"], r["into"]) for r in res.repairs] == [("fc/scale", "fold-scale", culprit_into)]
-    fixed = onnx.load(str(out))
-    onnx.checker.check_model(fixed)
-    assert "fc/scale" not in {n.name for n in fixed.graph.node}
-    assert float_weight_types(fixed) == {TensorProto.FLOAT16}
+    _, out = _repaired_by_fold_scale_alone(model, feed, tmp_path, "fc/scale", culprit_into)
     # float64 truth from the FP32 model's own weights, computed here by hand
     init = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
     x = feed["x"].astype(np.float64)
@@ -282,16 +288,8 @@ def test_a_scale_after_attention_scores_moves_into_the_query_projection(tmp_path
     Q @ K^T is computed in range, every weight FP16. The truth: float64 numpy on the FP32 weights, and
     onnxruntime on the saved model."""
     model, feed = _attention()
-    path, out = tmp_path / "attention.onnx", tmp_path / "fixed.onnx"
-    onnx.save(model, str(path))
-    res = repair(str(path), "ref", "ref:fp16", feeds=[feed], out=out, verify="ort")
-    assert res.met and res.kept == [] and res.verification["independent"]["met"], res.render()
-    assert [(r["node"], r["kind"], r["into"]) for r in res.repairs] == [("attn/scale", "fold-scale", "attn/scores")]
+    res, out = _repaired_by_fold_scale_alone(model, feed, tmp_path, "attn/scale", "attn/scores")
     assert "inf/NaN where the reference is finite" in res.render()  # the output before: NaN from the inf scores
-    fixed = onnx.load(str(out))
-    onnx.checker.check_model(fixed)
-    assert "attn/scale" not in {n.name for n in fixed.graph.node}
-    assert float_weight_types(fixed) == {TensorProto.FLOAT16}
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
     x = feed["x"].astype(np.float64)
     scores = (x @ w["Wq"] + w["Bq"]) @ (x @ w["Wk"] + w["Bk"]).transpose(0, 2, 1)

@@ -388,15 +388,20 @@ class _Ray:
         pass
 
     def close(self) -> None:
-        """Cancel what is still queued or running (a cancelled or failed run), then stop a Ray this started."""
+        """Stop a Ray this started (its workers with it), else cancel what is still queued or running on the
+        cluster (a cancelled or failed run). A local Ray is not force-cancelled first: a task whose reply arrives
+        while it is being cancelled fails a check in Ray's core worker, which aborts the whole process (seen under
+        load: "Tried to complete task that was not pending")."""
+        if self.started:
+            self.pending.clear()
+            self.ray.shutdown()
+            return
         for ref in self.pending:
             try:
                 self.ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 - finished meanwhile, or the cluster is gone: nothing to stop
                 pass
         self.pending.clear()
-        if self.started:
-            self.ray.shutdown()
 
 
 #: Linux's limit on a Unix socket's path (108 bytes with the NUL) and what Ray appends to its temp folder for its
