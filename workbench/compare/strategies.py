@@ -199,7 +199,7 @@ def run_all(ctx: Context) -> Measured:
         ctx.notes.append(f"{len(plan.pairs)} tensors compared in {len(groups)} chunks to stay under the memory "
                          "budget")
     isolate = plan.options.culprits and plan.isolates_candidate
-    outputs = _outputs_to_rejudge(ctx, sizes)
+    outputs = _outputs_to_rerun(ctx, sizes)
     kept: list[dict[str, np.ndarray]] = [{} for _ in plan.feeds]  # the reference's outputs, for that second look
     for gi, group in enumerate(groups):
         pairs = [by_ref[t] for t in group]
@@ -243,7 +243,7 @@ def run_all(ctx: Context) -> Measured:
     return out
 
 
-def _outputs_to_rejudge(ctx: Context, sizes: dict[str, int | None]) -> list[TensorPair]:
+def _outputs_to_rerun(ctx: Context, sizes: dict[str, int | None]) -> list[TensorPair]:
     """The output pairs to look at again on an unmarked candidate run when they fail: where the candidate's engine
     may compute its outputs differently once intermediates are marked (:attr:`Engine.marking_changes_outputs`), the
     candidate is in a lossier precision than FP32, and intermediates are marked at all. Empty when their reference

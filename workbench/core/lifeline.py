@@ -59,6 +59,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def handlers_kept() -> Iterator[None]:
+    """Python's SIGTERM and SIGINT handlers put back after the block (main thread only): for third-party start-up
+    code that installs its own (Ray's core worker installs a crash handler for SIGTERM that prints a stack and exits
+    15, skipping the run's cleanup)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 def ignore_interrupts() -> None:
     """From now on Ctrl-C and SIGTERM are ignored (the process is on its way out and cleaning up)."""
     if threading.current_thread() is threading.main_thread():

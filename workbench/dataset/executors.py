@@ -290,25 +290,6 @@ def _bare_main():
             sys.modules["__main__"] = main
 
 
-@contextlib.contextmanager
-def _signal_handlers_kept():
-    """Ray's core worker installs a crash handler for SIGTERM (it prints a stack and exits 15, skipping the run's
-    cleanup): put Python's SIGTERM and SIGINT handlers back after it (the main thread only)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-
-
 class _Ray:
     """Ray tasks (one CPU each) on a local Ray it starts and stops, or on a running cluster (``ray://``)."""
 
@@ -323,7 +304,9 @@ class _Ray:
             kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
             local = {} if spec.address else {"num_cpus": spec.workers, **_ray_temp()}
             try:
-                with _signal_handlers_kept():
+                from ..core.lifeline import handlers_kept
+
+                with handlers_kept():
                     if spec.address:
                         ray.init(address=spec.address, **kwargs)
                     else:

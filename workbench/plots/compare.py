@@ -472,10 +472,12 @@ def culprit_bars(result, metric: str | None = None, bands: Any = None) -> go.Fig
               + (f"; the error beyond it: {_label(c.beyond_floor, m)}" if c.beyond_floor is not None else "")
               for c in culprits]
     fig = go.Figure()
+    shown: list[float] = []  # every bar's drawn value (the bands span them)
     for key, label in (("introduced", "introduced (node alone, reference inputs)"),
                        ("received", "received (worst input)")):
         drawn = [_plotted(getattr(c, key).get(m), m, cap, False) for c in culprits]
         vals = [d[0] for d in drawn]
+        shown += [v for v in vals if v is not None]
         text = [_label(getattr(c, key).get(m), m) + (" (at the cap)" if d[1] else "") for c, d in zip(culprits, drawn)]
         if key == "introduced":
             colors = [HARMLESS_COLOR if c.harmless else BAD_COLOR for c in culprits]
@@ -497,9 +499,7 @@ def culprit_bars(result, metric: str | None = None, bands: Any = None) -> go.Fig
                                                "<extra></extra>"))
     banded = bands is not None and bands.metric == m
     if banded:
-        drawn_all = [_plotted(getattr(c, key).get(m), m, cap, False)[0] for c in culprits
-                     for key in ("introduced", "received")]
-        add_bands(fig, bands, [v for v in drawn_all if v is not None], "x", False, legend=False)
+        add_bands(fig, bands, shown, "x", False, legend=False)
     threshold = _threshold(result, m)
     if threshold is not None:
         fig.add_vline(x=threshold, line={"color": BAD_COLOR, "dash": "dash", "width": 1},

@@ -205,7 +205,7 @@ class RewriteFinder:
             return None
         _, (scale, bias, mean, var), eps = params
         s = scale / np.sqrt(var + eps)
-        folded = self._fold(conv, s, bias - mean * s, dtype)
+        folded = self._fold_into(self._conv(conv), s, bias - mean * s, dtype)
         if folded is None:
             return None
         values, where, fidelity = folded
@@ -275,12 +275,6 @@ class RewriteFinder:
         if w is None or len(self.idx.consts[w].dims) < 2:
             return None
         return _Linear(node, node, 1, len(self.idx.consts[w].dims) - 1, None)
-
-    def _fold(self, conv: onnx.NodeProto, s: np.ndarray, shift: np.ndarray | None, dtype
-              ) -> tuple[dict, dict, float] | None:
-        """New weight and bias of ``conv`` for output channels scaled by ``s`` (then ``+ shift``), from the
-        reference's values; None when they do not fit the format or lose precision there."""
-        return self._fold_into(self._conv(conv), s, shift, dtype)
 
     def _fold_into(self, lin: _Linear, s: np.ndarray, shift: np.ndarray | None, dtype
                    ) -> tuple[dict, dict, float] | None:
