@@ -106,7 +106,13 @@ def output_stats(refs: list[dict], got: list[dict]) -> dict:
 
 
 def judge(model: str, kind: str, refs: list[dict], got: list[dict]) -> dict:
-    """The benchmark's verdict (``task_met``), the worst-feed metric and per-output stats."""
+    """The benchmark's verdict (``task_met``), the worst-feed metric and per-output stats. Kind ``tensor`` (the
+    transformer cases of scripts/gpu_transformer_cases.py) is judged per feed by the benchmark's transformer task."""
+    if kind in ("bert", "tensor"):
+        per = [bench.task_met("bert", [r], [g]) for r, g in zip(refs, got, strict=True)]
+        met, detail = all(m for m, _ in per), "; ".join(d for _, d in per)
+        return {"met": bool(met), "detail": detail, "worst": float(sum(not m for m, _ in per)),
+                "worst_txt": detail, "outputs": output_stats(refs, got)}
     met, detail = bench.task_met(model, refs, got)
     if kind == "det":
         worst = min(bench.det_task(r, g) for r, g in zip(refs, got, strict=True))
@@ -359,9 +365,10 @@ def _run_group(path: Path, feeds: list[dict], device, onnx2torch, fp32: bool, ch
 
 
 def one_row(case: dict, tool: str, path: Path, refs: list[dict], feeds: list[dict], device, onnx2torch,
-            cpu_met=None, high_nodes=None) -> dict:
+            cpu_met=None, high_nodes=None, verdicts=None) -> dict:
     """Convert and run ``path`` on every feed (one static conversion per distinct input shape), judge it."""
-    row = {"model": case["model"], "tool": tool, "high_nodes": high_nodes, "cpu_met": cpu_met, "file": path.name}
+    row = {"model": case["model"], "tool": tool, "high_nodes": high_nodes, "cpu_met": cpu_met, "file": path.name,
+           "verdicts": verdicts}
     start = time.perf_counter()
     groups: dict[tuple, list[int]] = {}
     for i, feed in enumerate(feeds):
@@ -396,6 +403,9 @@ def _fmt_db(v) -> str:
 def table(rows: list[dict], here: str = "task met here") -> str:
     head = ["model", "tool", "FP32 nodes kept", "task met CPU ORT", here, "worst metric", "SQNR dB",
             "max |x|", "non-finite", "fp16 max |x| inside", "fp16 inf/NaN tensors", "dtypes kept", "mode / error"]
+    with_verdicts = any(r.get("verdicts") for r in rows)  # the workbench's compare verdicts on the file
+    if with_verdicts:
+        head[4:4] = ["workbench on ort", "workbench on ref:fp16"]
     cells = []
     for r in rows:
         outs = r.get("outputs") or {}
@@ -416,6 +426,8 @@ def table(rows: list[dict], here: str = "task met here") -> str:
                       str(sum(o["nonfinite"] for o in outs.values())) if outs else "-",
                       f"{check['fp16_max_abs']:.4g}" if check and check["fp16_max_abs"] else "-",
                       str(check["fp16_nonfinite_tensors"]) if check else "-", kept, extra])
+        if with_verdicts:
+            cells[-1][4:4] = [(r.get("verdicts") or {}).get(e, "-") for e in ("ort", "ref:fp16")]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
     widths[-1] = 0
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
@@ -495,13 +507,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.models and case["model"] not in args.models:
             continue
         feeds, refs = load_arrays(case["feeds"]), load_arrays(case["refs"])
-        jobs = [(tool, rec.get("file"), rec.get("cpu_met"), rec.get("high_nodes"), rec.get("dropped"))
-                for tool, rec in case["tools"].items()]
+        jobs = [(tool, rec.get("file"), rec.get("cpu_met"), rec.get("high_nodes"), rec.get("dropped"),
+                 rec.get("verdicts")) for tool, rec in case["tools"].items()]
         fp32 = case.get("fp32") or (Path(args.fp32_from) / f"{case['model']}.onnx" if args.fp32_from else None)
         if fp32 and Path(fp32).is_file():
-            jobs.append((FP32, Path(fp32), None, None, None))
+            jobs.append((FP32, Path(fp32), None, None, None, None))
         done: dict[Path, dict] = {}  # a file shared by tools (byte-identical models) runs once
-        for tool, path, cpu_met, high, dropped in jobs:
+        for tool, path, cpu_met, high, dropped, said in jobs:
             if args.tools and tool.split(" ")[0] not in args.tools:
                 continue
             if path is None:
@@ -509,10 +521,10 @@ def main(argv: list[str] | None = None) -> int:
                              "error": dropped or "no model (the tool failed in the benchmark)"})
             elif Path(path) in done:
                 first = done[Path(path)]
-                rows.append({**first, "tool": tool, "high_nodes": high, "cpu_met": cpu_met,
+                rows.append({**first, "tool": tool, "high_nodes": high, "cpu_met": cpu_met, "verdicts": said,
                              "same_as": first["tool"], "seconds": 0.0})
             else:
-                rows.append(one_row(case, tool, Path(path), refs, feeds, device, onnx2torch, cpu_met, high))
+                rows.append(one_row(case, tool, Path(path), refs, feeds, device, onnx2torch, cpu_met, high, said))
                 done[Path(path)] = rows[-1]
             r = rows[-1]
             print(f"  {r['model']} {r['tool']}: {r.get('error') or r.get('worst_txt')} ({r.get('seconds', '-')} s)",

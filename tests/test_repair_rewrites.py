@@ -251,10 +251,12 @@ def test_a_scale_after_an_overflowing_matmul_or_gemm_moves_into_its_weights(tmp_
     assert np.isfinite(got).all() and np.abs(got - truth).max() < 1e-3 * np.abs(truth).max(), np.abs(got - truth).max()
 
 
-def _attention(scale: float = 1e-4) -> tuple[onnx.ModelProto, dict]:
+def _attention(scale: float = 1e-4, exported: bool = False) -> tuple[onnx.ModelProto, dict]:
     """One attention head whose scores Q @ K^T pass 65504 (projections of std 10 on 64 features: up to 1.6e5)
     before ``* scale`` brings them to softmax's range: q = Reshape(x @ Wq + bq), k^T = Transpose(x @ Wk + bk),
-    y = softmax((q @ k^T) * scale) @ (x @ Wv)."""
+    y = softmax((q @ k^T) * scale) @ (x @ Wv). ``exported``: as torch.onnx.export writes a Hugging Face BERT's
+    eager attention: the query bias read through an Identity and added first (``Add(bias, x @ Wq)``), the scale a
+    ``Div`` by a Constant node."""
     from onnx import helper
 
     rng = np.random.default_rng(3)
@@ -263,14 +265,22 @@ def _attention(scale: float = 1e-4) -> tuple[onnx.ModelProto, dict]:
     weights = {"Wq": rng.standard_normal((d, d)) * 10, "Wk": rng.standard_normal((d, d)) * 10,
                "Wv": rng.standard_normal((d, d)) / 8, "Bq": rng.standard_normal(d), "Bk": rng.standard_normal(d),
                "C": np.array(scale)}
+    q_add = helper.make_node("Add", ["q_mm", "Bq"], ["q_lin"], name="q/Add")
+    scaling = [helper.make_node("Mul", ["scores", "C"], ["scaled"], name="attn/scale")]
+    if exported:
+        q_add = helper.make_node("Add", ["q_bias", "q_mm"], ["q_lin"], name="q/Add")
+        scaling = [helper.make_node("Identity", ["Bq"], ["q_bias"], name="q/bias/Identity"),
+                   helper.make_node("Constant", [], ["div_by"], name="attn/Constant",
+                                    value=f(np.array(1 / scale, np.float32))),
+                   helper.make_node("Div", ["scores", "div_by"], ["scaled"], name="attn/scale")]
     nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q_mm"], name="q/MatMul"),
-             helper.make_node("Add", ["q_mm", "Bq"], ["q_lin"], name="q/Add"),
+             q_add,
              helper.make_node("Reshape", ["q_lin", "shape"], ["q"], name="q/Reshape"),
              helper.make_node("MatMul", ["x", "Wk"], ["k_mm"], name="k/MatMul"),
              helper.make_node("Add", ["k_mm", "Bk"], ["k"], name="k/Add"),
              helper.make_node("Transpose", ["k"], ["kT"], name="k/Transpose", perm=[0, 2, 1]),
              helper.make_node("MatMul", ["q", "kT"], ["scores"], name="attn/scores"),
-             helper.make_node("Mul", ["scores", "C"], ["scaled"], name="attn/scale"),
+             *scaling,
              helper.make_node("Softmax", ["scaled"], ["p"], name="attn/softmax", axis=-1),
              helper.make_node("MatMul", ["x", "Wv"], ["v"], name="v/MatMul"),
              helper.make_node("MatMul", ["p", "v"], ["y"], name="attn/context")]
@@ -282,12 +292,14 @@ def _attention(scale: float = 1e-4) -> tuple[onnx.ModelProto, dict]:
     return model, {"x": rng.standard_normal((1, s, d)).astype(np.float32)}
 
 
-def test_a_scale_after_attention_scores_moves_into_the_query_projection(tmp_path):
+@pytest.mark.parametrize("exported", [False, True], ids=["mul", "as-exported"])
+def test_a_scale_after_attention_scores_moves_into_the_query_projection(tmp_path, exported):
     """Attention scores that overflow FP16 before their scale (ref:fp16: FP16 storage between nodes): the scalar
     moves across the scores MatMul and the query's Reshape into the query projection's weights and bias, so
-    Q @ K^T is computed in range, every weight FP16. The truth: float64 numpy on the FP32 weights, and
-    onnxruntime on the saved model."""
-    model, feed = _attention()
+    Q @ K^T is computed in range, every weight FP16 -- also in torch's export of a Hugging Face BERT (the bias
+    behind an Identity, a Div by a Constant node). The truth: float64 numpy on the FP32 weights, and onnxruntime
+    on the saved model."""
+    model, feed = _attention(exported=exported)
     res, out = _repaired_by_fold_scale_alone(model, feed, tmp_path, "attn/scale", "attn/scores")
     assert "inf/NaN where the reference is finite" in res.render()  # the output before: NaN from the inf scores
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}

@@ -67,6 +67,19 @@ def make_engine(spec: EngineSpec, *, isolate: bool | None = None, options: dict 
     return get_engine(spec.engine, **opts)
 
 
+def _check_native(variant: str, model: onnx.ModelProto, name: str) -> None:
+    """Refuse ``ref:fp16``/``ref:bf16`` on a file without that type: it would run in another arithmetic."""
+    want = {"fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[variant]
+    g = model.graph
+    found = any(t.data_type == want for t in g.initializer) or any(
+        v.type.tensor_type.elem_type == want for v in (*g.input, *g.output, *g.value_info)) or any(
+        a.name == "to" and a.i == want for n in g.node if n.op_type == "Cast" for a in n.attribute)
+    if not found:
+        raise SpecError(f"--cand ref:{variant} runs the candidate file in {variant.upper()} arithmetic, but {name} "
+                        f"holds no {variant.upper()} tensor", "use --cand ref (float64) for this file, or pass "
+                        f"its {variant.upper()} conversion")
+
+
 class PlanEngines:
     """The engines of a plan, made on first use, and their JSON: shared by :class:`ComparisonPlan` and the streamed
     plan (:class:`workbench.compare.stream.StreamPlan`). Needs ``_lock``, ``_engines``, ``options``,
@@ -135,11 +148,14 @@ class ComparisonPlan(PlanEngines):
             else self.loaded.graph
         # candidate side
         if cand_model is not None:
-            if self.cand_spec.variant != "fp32":
+            native = self.cand_spec.engine == "ref" and self.cand_spec.variant in ("fp16", "bf16")
+            if self.cand_spec.variant != "fp32" and not native:
                 raise SpecError(f"--cand-model is already the candidate's variant; drop ':{self.cand_spec.variant}' "
                                 f"from {str(candidate)!r}", f"use --cand {self.cand_spec.engine}")
             cand_loaded = load_model(cand_model)
             self.cand_model = cand_loaded.proto
+            if native:  # 'ref:fp16' on a user's file: that file in its own arithmetic (numpy FP16), not converted
+                _check_native(self.cand_spec.variant, self.cand_model, cand_loaded.name)
             self.views: dict[str, str | None] = {}
             if any(n.op_type == "DequantizeLinear" for n in self.cand_model.graph.node):
                 from ..variants.int8 import qdq_outputs  # a user's Q/DQ file: compare what consumers read

@@ -114,12 +114,13 @@ class RewriteFinder:
         self.uses = use_counts(candidate.graph)
 
     def _const(self, t: str) -> str | None:
-        """The narrow constant behind input ``t`` (through converter Casts), or None."""
+        """The narrow constant behind input ``t`` (through converter Casts and Identity: torch's exporter puts an
+        Identity before a parameter it shares, e.g. each Linear's bias in an exported BERT), or None."""
         for _ in range(8):
             if t in self.idx.consts:
                 return t if self.idx.consts[t].data_type in NARROW else None
             p = self.idx.producer.get(t)
-            if p is None or p.op_type != "Cast" or not p.input:
+            if p is None or p.op_type not in ("Cast", "Identity") or not p.input:
                 return None
             t = p.input[0]
         return None
