@@ -12,7 +12,9 @@ against the FP32 model on ONNX Runtime, the FP16 benchmark's transformer task):
   hidden 256, 4 heads), exported by ``torch.onnx.export``; layer 1's query and key weights are scaled by 180 so
   ``Q @ K^T`` reaches ~1e5 before the exporter's ``Div`` by 8 (a planted defect, like the decoder benchmark's).
   Tools: the plain ``ort:fp16`` conversion, AutoCast (defaults; with calibration data), ``workbench repair
-  --cand ort:fp16`` (the benchmark's flags) and ``--cand ref:fp16``.
+  --cand ort:fp16`` with the FP16 benchmark's flags (``--verify none``) and with its defaults
+  (``workbench-default``: verified in FP16 arithmetic, searched again on ``ref:fp16`` when that fails), and
+  ``--cand ref:fp16``.
 - ``residual-ln``: the marking test's model (tests/test_compare_marking.py): a MatMul whose outputs pass 65504
   before a residual Add and a LayerNormalization; its FP16 file passes on ONNX Runtime CPU as deployed.
 - ``attention`` and ``linear-scale``: the fold-scale tests' models (tests/test_repair_rewrites.py): scores or a
@@ -106,13 +108,14 @@ def verdicts(fp32: Path, path: Path, feeds: list[dict]) -> dict:
     return out
 
 
-def repair_ref16(name: str, fp32: Path, out: Path, folder: Path, work: Path) -> dict:
-    argv = [str(bench.BIN / "workbench"), "repair", str(fp32), "--ref", "ort", "--cand", "ref:fp16", "--inputs",
+def repair_with(name: str, fp32: Path, out: Path, folder: Path, work: Path, cand: str, extra: list[str]) -> dict:
+    """``workbench repair FP32 --cand CAND`` with the transformer task as its metric, and ``extra`` flags."""
+    argv = [str(bench.BIN / "workbench"), "repair", str(fp32), "--ref", "ort", "--cand", cand, "--inputs",
             str(folder), "--metric", f"{REPO / 'benchmarks' / 'bench_repair_anchors.py'}:bert_task", "--out",
-            str(out), "--json", str(work / f"{name}.ref16.json"), "--verify", "ort"]
+            str(out), "--json", str(work / f"{name}.{cand}.json"), *extra]
     run = bench.measure(argv)
     if run["rc"] in (0, 1):
-        doc = json.loads((work / f"{name}.ref16.json").read_text())
+        doc = json.loads((work / f"{name}.{cand}.json").read_text())
         run["repairs"] = [f"{r['kind']} {r['node']}" for r in doc.get("repairs", [])]
     return run
 
@@ -137,15 +140,17 @@ def build_case(name: str, out: Path, work: Path, hf_path: str | None, autocast_p
     shutil.copyfile(fp32, case_dir / "fp32.onnx")
     entry["fp32"] = f"{name}/fp32.onnx"
     runs = {"ort-fp16": plain_fp16(fp32, work / f"{name}.ort-fp16.onnx")}
-    tools = ["autocast", "autocast+calib", "workbench", "workbench-ref16"] if name == "bert-hf" else \
-        ["workbench-ref16"]
+    tools = ["autocast", "autocast+calib", "workbench", "workbench-default", "workbench-ref16"] \
+        if name == "bert-hf" else ["workbench-default", "workbench-ref16"]
     for tool in tools:
         dest = work / f"{name}.{tool}.onnx"
         log.info("%s: %s", name, tool)
         if tool == "workbench":
             runs[tool] = bench.ours("bert-hf", fp32, dest, folder, work)
+        elif tool == "workbench-default":  # the default --verify ref: its second search on ref:fp16
+            runs[tool] = repair_with(name, fp32, dest, folder, work, "ort:fp16", [])
         elif tool == "workbench-ref16":
-            runs[tool] = repair_ref16(name, fp32, dest, folder, work)
+            runs[tool] = repair_with(name, fp32, dest, folder, work, "ref:fp16", ["--verify", "ort"])
         else:
             runs[tool] = bench.autocast(fp32, dest, folder if tool.endswith("calib") else None, autocast_path)
     written: dict[str, str] = {}
