@@ -54,3 +54,15 @@ def test_gain_text_says_unbounded_and_lost_gains_in_words():
     assert "exactly" in gain_text(math.inf) and "inf" not in gain_text(math.inf)
     assert gain_text(-math.inf) == "fixing it alone makes the outputs worse"
     assert gain_text(None) == gain_text(math.nan) == "what fixing it gains was not measured"
+
+
+def test_the_text_says_inf_nan_removed_not_a_finite_values_gain():
+    """A fix that removes inf/NaN from the outputs reads as that (the dB figure reads only the finite values, and
+    here it even drops); a culprit whose patched value overflows too gets the impact's note, not a gain."""
+    c = _culprit(19.99)
+    c.impact = impact_record("sqnr_db", {"out": {"sqnr_db": 20.0, "nonfinite_mismatch": 768}},
+                             {"out": {"sqnr_db": 19.99, "nonfinite_mismatch": 0}})
+    assert not c.harmless
+    assert _impact(c).endswith("fixing it removes 768 inf/NaN from the outputs (on their finite values: -0.01 dB)")
+    c.impact["note"] = "its reference values exceed the format's range"
+    assert _impact(c).endswith("its reference values exceed the format's range") and "dB" not in _impact(c)

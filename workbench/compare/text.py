@@ -37,7 +37,14 @@ def _impact(c: Culprit) -> str:
     gain = c.impact.get("best_gain_db")
     if not isinstance(gain, float):
         return ""
-    return f"  {'harmful: ' if c.introduces_divergence else ''}{gain_text(gain)}"
+    said = gain_text(gain)
+    fixed = c.impact.get("nonfinite_fixed") or 0
+    if c.impact.get("note"):  # the patched value overflows too: its gain measures nothing
+        said = c.impact["note"]
+    elif fixed:  # the dB figure reads the finite values only: inf/NaN removed is the gain that matters
+        said = f"fixing it removes {fixed} inf/NaN from the outputs" + (
+            f" (on their finite values: {gain:+.3g} dB)" if math.isfinite(gain) else "")
+    return f"  {'harmful: ' if c.introduces_divergence else ''}{said}"
 
 
 def render(result: CompareResult, max_rows: int = 25) -> str:
