@@ -42,6 +42,7 @@ def run_plan(plan, steps: Steps) -> CompareResult:
         tensors.append(TensorResult(p.tensor, p.node, p.op_type, p.topo_index, m, crit.diverged(m, floor),
                                     p.candidate, floor, crit.at_floor(m, floor)))
     culprits = _culprits(plan, measured, floors)
+    _note_hidden_overflow(plan, tensors, notes)
     t1 = time.perf_counter()
     qdq = opts.impact > 0 and qdq_impact.is_qdq(plan)  # INT8: measure the deployable fix, Q/DQ removal
     flagged = [c for c in culprits if c.introduces_divergence][:qdq_impact.QDQ_IMPACT if qdq else opts.impact]
@@ -130,3 +131,19 @@ def _run_options(plan) -> dict:
             "cand_model": plan.cand_source, "model": plan.model_source, "seed": opts.seed,
             "feed_count": opts.feed_count, "input_shapes": opts.input_shapes, "val_ranges": opts.val_ranges,
             "custom_engines": plan.custom_engines}
+
+
+def _note_hidden_overflow(plan, tensors: list[TensorResult], notes: list[str]) -> None:
+    """On ONNX Runtime's CPU provider (FP16 ops computed in FP32), outputs that pass while reference values of
+    some tensor lie past FP16's range: say that a GPU storing that tensor in FP16 gets inf there."""
+    if plan.cand_spec.engine != "ort" or plan.cand_precision.family != "fp16":
+        return
+    outputs = set(plan.ref_graph.outputs)
+    over = [t for t in tensors if ((t.floor or {}).get("share_over_max") or 0) > 0]
+    if not over or any(t.diverged for t in tensors if t.tensor in outputs):
+        return
+    first = min(over, key=lambda t: t.topo_index)
+    notes.append(f"the outputs pass on ONNX Runtime's CPU provider, but {len(over)} tensor(s) hold reference values "
+                 f"past FP16's 65504 (first: {first.tensor}, node {first.node}): a GPU that stores them in FP16 as "
+                 "written (TensorRT, torch) gets inf there; compare with --cand ref:fp16 (FP16 arithmetic), and "
+                 "repair verifies there")
