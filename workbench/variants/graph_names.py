@@ -42,9 +42,12 @@ def opset_version(model: onnx.ModelProto) -> int | None:
 
 
 def elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Tensor name -> ONNX element type, from shape inference where it works, plus io and initializers."""
+    """Tensor name -> ONNX element type, from shape inference where it works, plus io and initializers (inferred on
+    a weight-free copy: the types are the same, and a model's weights are not serialized for it)."""
+    from ..core.shapes import strip_weights
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(strip_weights(model))
     except Exception as e:  # noqa: BLE001 - inference raises assorted C++ errors; fall back to declared types
         log.debug("shape inference failed (%s); using declared types only", e)
         inferred = model
