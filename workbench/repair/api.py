@@ -27,7 +27,7 @@ from ..compare.plan import ComparisonPlan
 from ..core.arguments import checked
 from ..core.progress import Progress, Steps
 from ..core.scratch import temporary_dir
-from ..errors import EngineRunError, EngineUnavailableError, InputError
+from ..errors import EngineRunError, EngineUnavailableError, InputError, WorkbenchError
 from .evaluate import Evaluator
 from .graph import RepairError
 from .islands import IslandBuilder
@@ -140,10 +140,15 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     first = res.verification["independent"]
     log.info("repair met on %s but not in FP16 arithmetic (%s): searching again on %s", plan.cand_spec,
              first.get("engine"), arith)
-    again = repair(model, reference, arith, feeds=feeds, cand_model=cand_model, target=target, metric=metric,
-                   out=out, nodes=nodes, max_builds=max_builds, max_pool=max_pool, batch=batch, verify="ort",
-                   workers=workers, executor=executor, rewrites=rewrites, progress=progress, cancel=cancel,
-                   **compare_options)
+    try:
+        again = repair(model, reference, arith, feeds=feeds, cand_model=cand_model, target=target, metric=metric,
+                       out=out, nodes=nodes, max_builds=max_builds, max_pool=max_pool, batch=batch, verify="ort",
+                       workers=workers, executor=executor, rewrites=rewrites, progress=progress, cancel=cancel,
+                       **compare_options)
+    except WorkbenchError as e:  # the first result stands, said to fail in FP16 arithmetic
+        res.notes.insert(0, f"the model passes on {plan.cand_spec} but fails in FP16 arithmetic "
+                            f"({first.get('engine')}), as a GPU computes; searching again on {arith} failed: {e}")
+        return res
     kept = ", ".join(res.kept) or "nothing"
     again.notes.insert(0, f"on {plan.cand_spec} the target was met keeping {kept}, but that model failed in FP16 "
                           f"arithmetic ({first.get('engine')}: {first.get('failing')} failing feed(s)); "
