@@ -104,7 +104,14 @@ def test_errors_export_history_and_both_themes(lab_page, artifacts):
     wb.get_by_text("2 finished comparison(s)").wait_for(timeout=120_000)
     wb.locator("button", has_text="Compare runs").click()
     diff = wb.locator("pre.wb-diff")
-    diff.wait_for()
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:  # the kernel answers the click after it has drawn the second run's panels: slow on a loaded machine
+        diff.wait_for(timeout=120_000)
+    except PlaywrightTimeout:
+        H.screenshot(page, artifacts, "no-diff")
+        said = repr(wb.locator(".widget-html").all_inner_texts())[:2000]
+        raise AssertionError(f"no diff after 'Compare runs'; the panel says: {said}") from None
     assert "verdict: DIVERGED -> DIVERGED (same)" in diff.inner_text()
     compare_light = _structure(wb)
     H.screenshot(page, artifacts, "light-compare")

@@ -550,10 +550,13 @@ class ComparePanel(PairedPanel, widgets.VBox):
         from ..report.diff import diff_results
 
         runs = list(self.state.history)
-        a, b = self.history_a.value, self.history_b.value
-        if a is None or b is None or len(runs) < 2:
+        if len(runs) < 2:
             self.diff_out.value = message_html("run at least two comparisons first", "warn")
             return None
+        # a picker between two option lists (the history just changed) reads None: the last two runs then
+        a, b = self.history_a.value, self.history_b.value
+        a = a if a is not None and a < len(runs) else len(runs) - 2
+        b = b if b is not None and b < len(runs) else len(runs) - 1
         tag_a, tag_b = self._tag(runs[a], a), self._tag(runs[b], b)
         try:
             diff = diff_results(runs[a], runs[b], labels=(tag_a, tag_b))
