@@ -21,6 +21,7 @@ while they fit (``--fp32 auto``), for a sanity row on the device.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -139,6 +140,17 @@ def fit_budget(out: Path, cases: list[dict], budget: int, fp32_mode: str) -> lis
     return dropped
 
 
+@contextlib.contextmanager
+def staged(out: Path):
+    """A fresh ``OUT.partial`` folder to write the cases into; it replaces ``out`` when the block ends cleanly."""
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    yield staging
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+
+
 def _git_head() -> str:
     try:
         return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -162,23 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
 
     out = Path(args.out)
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="gpu-task-cases-") as tmp:
+    with staged(out) as staging, tempfile.TemporaryDirectory(prefix="gpu-task-cases-") as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         cases = [build_model(name, staging, work, args.autocast_path) for name in args.models]
-    budget = int(args.budget_mib * MIB)
-    dropped = fit_budget(staging, cases, budget, args.fp32)
-    manifest = {"made": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "git": _git_head(), "onnxruntime": onnxruntime.__version__,
-                "judge": "benchmarks/bench_repair_anchors.py task_met (ONNX Runtime CPU)",
-                "det_target": bench.TARGETS["det"], "budget_mib": args.budget_mib, "dropped": dropped,
-                "cases": [{k: v for k, v in c.items() if k != "fp32_source"} for c in cases]}
-    (staging / "cases.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+        budget = int(args.budget_mib * MIB)
+        dropped = fit_budget(staging, cases, budget, args.fp32)
+        manifest = {"made": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "git": _git_head(), "onnxruntime": onnxruntime.__version__,
+                    "judge": "benchmarks/bench_repair_anchors.py task_met (ONNX Runtime CPU)",
+                    "det_target": bench.TARGETS["det"], "budget_mib": args.budget_mib, "dropped": dropped,
+                    "cases": [{k: v for k, v in c.items() if k != "fp32_source"} for c in cases]}
+        (staging / "cases.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = folder_bytes(out)
     print(f"{out}: {total / MIB:.1f} MiB, {len(cases)} model(s)")
     for c in cases:

@@ -33,7 +33,6 @@ import hashlib
 import json
 import logging
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -182,22 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     import onnxruntime
+    from gpu_task_cases import _git_head, staged
 
     out = Path(args.out)
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="gpu-tf-cases-") as tmp:
+    with staged(out) as staging, tempfile.TemporaryDirectory(prefix="gpu-tf-cases-") as tmp:
         cases = [build_case(n, staging, Path(tmp), args.hf_path, args.autocast_path) for n in args.models]
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
-    manifest = {"made": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "git": git,
-                "onnxruntime": onnxruntime.__version__,
-                "judge": "argmax over the last axis on >= 99% of rows and SQNR >= 30 dB (ONNX Runtime CPU)",
-                "cases": cases}
-    (staging / "cases.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+        manifest = {"made": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "git": _git_head(), "onnxruntime": onnxruntime.__version__,
+                    "judge": "argmax over the last axis on >= 99% of rows and SQNR >= 30 dB (ONNX Runtime CPU)",
+                    "cases": cases}
+        (staging / "cases.json").write_text(json.dumps(manifest, indent=1) + "\n")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{out}: {size / MIB:.1f} MiB, {len(cases)} case(s)")
     for c in cases:

@@ -151,3 +151,15 @@ def test_onnx2torch_runs_the_file_dtypes_and_main_writes_its_table(tmp_path):
     for r, g in zip(refs, got, strict=True):
         np.testing.assert_allclose(g["y"], r["y"], atol=2e-3, rtol=2e-3)  # FP16 kernels vs numpy's FP16
     assert row["met"] is True and "toy-det" in (tmp_path / "out" / "gpu_task_check.txt").read_text()
+
+
+def test_transformer_cases_are_judged_per_feed_on_argmax_and_sqnr():
+    """Kind ``tensor`` (scripts/gpu_transformer_cases.py): a feed passes when the argmax over the last axis agrees
+    on >= 99% of the rows and the SQNR is >= 30 dB; NaN fails it."""
+    rng = np.random.default_rng(0)
+    refs = [{"y": rng.standard_normal((4, 16)).astype(np.float32)} for _ in range(2)]
+    close = [{"y": r["y"] * (1 + 1e-4)} for r in refs]
+    assert G.judge("attention", "tensor", refs, close)["met"]
+    broken = [close[0], {"y": np.where(np.arange(16) < 8, np.nan, refs[1]["y"]).astype(np.float32)}]
+    judged = G.judge("attention", "tensor", refs, broken)
+    assert not judged["met"] and judged["worst"] == 1.0 and judged["outputs"]["y"]["nonfinite"] == 32
