@@ -382,3 +382,21 @@ def test_engine_graph_json_with_a_timing_that_is_not_a_number_says_where(trt_pat
         edit(bad)
         with pytest.raises(WorkbenchError, match=r"malformed \(" + re.escape(where)):
             EngineGraph.from_json(bad)
+
+
+def test_a_cast_between_two_nodes_the_engine_runs_counts_as_elided_not_unmapped():
+    """OpenVINO names a float-to-float Cast in no runtime node, or in its Multiply's, from one compile to the next:
+    between two covered nodes it is elided (listed as folded); a Cast whose consumer nothing runs stays unmapped."""
+    from workbench.engine_graphs.onnx_side import OnnxGraph
+    from workbench.engine_graphs.partition import uncovered
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Cast", ["a"], ["b"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["b", "b"], ["y"], name="mul")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    og = OnnxGraph.build(helper.make_model(graph))
+    folded, unmapped = uncovered(og, {"relu", "mul"}, set())
+    assert folded == ["cast"] and unmapped == []
+    folded, unmapped = uncovered(og, {"relu"}, set())
+    assert folded == [] and {u["node"] for u in unmapped} == {"cast", "mul"}

@@ -14,16 +14,28 @@ from collections import defaultdict
 from .onnx_side import OnnxGraph
 from .result import EngineNode
 
+#: ops an engine may drop between two nodes it runs (OpenVINO names a float-to-float Cast in no runtime node, or
+#: in its Multiply's, from one compile to the next)
+ELIDED = frozenset({"Cast", "Identity"})
+
 
 def uncovered(og: OnnxGraph, covered: set[str], constants: set[str]) -> tuple[list[str], list[dict]]:
     """ONNX nodes no executed node runs: (folded: computed while building, because they read only constants, their
-    outputs became ``constants`` of the engine, or only folded nodes read them; unmapped, with the reason)."""
+    outputs became ``constants`` of the engine, or only folded nodes read them -- or an :data:`ELIDED` op between
+    nodes the engine runs; unmapped, with the reason)."""
     live, folded = og.depends_on_inputs(), set()
     for n in reversed(og.nodes):
         if n in covered:
             continue
         users = [c for o in og.outputs[n] for c in og.consumers.get(o, [])]
         if n not in live or all(o in constants for o in og.outputs[n]) or (users and set(users) <= folded):
+            folded.add(n)
+    for n in og.nodes:  # a type conversion between two nodes the engine runs: elided or fused into a neighbour
+        if n in covered or n in folded or og.op_types[n] not in ELIDED:
+            continue
+        sources = [og.producer.get(t) for t in og.inputs[n] if t not in og.constants]
+        users = [c for o in og.outputs[n] for c in og.consumers.get(o, [])]
+        if users and all(u in covered for u in users) and all(p is None or p in covered for p in sources):
             folded.add(n)
     unmapped = [{"node": n, "reason": "no graph output depends on it (dead code the engine removed)"
                  if not any(og.consumers.get(o) or o in og.graph_outputs for o in og.outputs[n])
