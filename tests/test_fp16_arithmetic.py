@@ -60,8 +60,13 @@ def test_ref_fp16_runs_a_users_fp16_file_in_fp16_arithmetic(linear):
 def test_repair_on_ort_searches_again_where_fp16_arithmetic_shows(linear, tmp_path):
     fp32, _, feed, truth = linear
     out = tmp_path / "fixed.onnx"
-    res = repair(str(fp32), "ort", "ort:fp16", feeds=[feed], out=out)
+    bar: list[tuple[float, str]] = []
+    res = repair(str(fp32), "ort", "ort:fp16", feeds=[feed], out=out, progress=lambda f, m: bar.append((f, m)))
     assert res.met and res.candidate == "ref:fp16", res.render()
+    # one bar over both searches: it never goes back, the second search says what it is, and it ends at 1
+    fractions = [f for f, _ in bar]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0, bar
+    assert any(m.startswith("again in FP16 arithmetic (ref:fp16): ") for _, m in bar), bar
     assert res.notes[0].startswith("on ort:fp16 the target was met keeping nothing, but that model failed in FP16 "
                                    "arithmetic"), res.notes
     assert [(r["node"], r["kind"]) for r in res.repairs] == [("fc/scale", "fold-scale")]

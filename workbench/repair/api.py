@@ -45,6 +45,9 @@ COMPARE_DEFAULTS = {"max_culprits": 64, "impact": 8}
 #: comparison (FP16 repair of the PP-OCR detectors and recognizers: peak RSS 0.87-1.21 GiB -> 0.56-0.69 GiB, time
 #: +0.1-1.3 s; compare's own default budget is a quarter of RAM, at most 4G)
 MARKED_BUDGET = 512 << 20
+#: the share of the progress bar the first search gets when a second one, in FP16 arithmetic, may follow
+#: (:func:`_fp16_arithmetic_engine`)
+FIRST_PASS = 0.6
 #: Q/DQ candidates whose weights and the reference's pass this are built with their big weights mapped from this
 #: run's scratch (:meth:`IslandBuilder.spill_weights`): INT8 repair of a 2-layer BERT (~190 MB of both) 36.6 s ->
 #: 20.0 s, the same repaired file byte for byte (peak RSS unchanged, ~1.0 GiB: the plan keeps both models)
@@ -127,13 +130,16 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
             plan.feed_info = source
         if nodes is not None:  # unknown names fail before the comparison
             nodes = IslandBuilder(plan.cand_model, plan.ref_model).check(nodes)
-        res = _repair(plan, steps, t0, target=target, metric=metric, out_path=out_path, nodes=nodes,
-                      max_builds=max_builds, max_pool=max_pool, batch=batch, verify=verify, cancel=cancel,
-                      spec=spec, rewrites=rewrites)
+        again_possible = _may_search_again(plan, verify)
+        res = _repair(plan, steps.span(0.0, FIRST_PASS) if again_possible else steps, t0, target=target,
+                      metric=metric, out_path=out_path, nodes=nodes, max_builds=max_builds, max_pool=max_pool,
+                      batch=batch, verify=verify, cancel=cancel, spec=spec, rewrites=rewrites)
     finally:
         plan.close()
     arith = _fp16_arithmetic_engine(res, plan)
     if arith is None:
+        if again_possible:
+            steps(1.0, "done")
         return res
     # ONNX Runtime's CPU provider computes most FP16 operators in FP32: a model it passes can still overflow where
     # FP16 arithmetic runs as written (a GPU: torch, TensorRT). Search again where that arithmetic shows.
@@ -143,8 +149,8 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     try:
         again = repair(model, reference, arith, feeds=feeds, cand_model=cand_model, target=target, metric=metric,
                        out=out, nodes=nodes, max_builds=max_builds, max_pool=max_pool, batch=batch, verify="ort",
-                       workers=workers, executor=executor, rewrites=rewrites, progress=progress, cancel=cancel,
-                       **compare_options)
+                       workers=workers, executor=executor, rewrites=rewrites, progress=_second_pass(steps, arith),
+                       cancel=cancel, **compare_options)
     except WorkbenchError as e:  # the first result stands, said to fail in FP16 arithmetic
         res.notes.insert(0, f"the model passes on {plan.cand_spec} but fails in FP16 arithmetic "
                             f"({first.get('engine')}), as a GPU computes; searching again on {arith} failed: {e}")
@@ -158,6 +164,19 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     again.timing["first_pass_s"] = res.timing.get("total_s")
     again.timing["total_s"] = round(time.perf_counter() - t0, 3)
     return again
+
+
+def _may_search_again(plan, verify: str | None) -> bool:
+    """Whether :func:`_fp16_arithmetic_engine` can ask for a second search after this one (then the first pass
+    reports progress up to :data:`FIRST_PASS` only, so the bar never starts over)."""
+    return plan.cand_spec.engine == "ort" and str(verify or "").startswith("ref") \
+        and plan.cand_precision.family in ("fp16", "bf16")
+
+
+def _second_pass(steps: Steps, engine: str) -> Progress:
+    """Progress of the second search: the rest of the bar after :data:`FIRST_PASS`, its messages saying so."""
+    rest = steps.span(FIRST_PASS, 1.0)
+    return lambda fraction, message: rest(fraction, f"again in FP16 arithmetic ({engine}): {message}")
 
 
 def _fp16_arithmetic_engine(res: RepairResult, plan) -> str | None:
