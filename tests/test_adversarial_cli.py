@@ -352,8 +352,20 @@ def odd_models(tmp_path_factory) -> dict[str, Path]:
     w = helper.make_tensor("w", TensorProto.FLOAT, [1, 4], [1.0] * 4)
     chain = [helper.make_node("Identity", ["x" if i == 0 else f"t{i}"], ["y" if i == 2999 else f"t{i + 1}"])
              for i in range(3000)]
+    renamed = _model(root, "renamed.onnx", [helper.make_node("Relu", ["x"], ["z"])])
+    proto = onnx.load(str(renamed))
+    proto.graph.output[0].name = "z"  # the same model, its output under another name
+    onnx.save(proto, str(renamed))
+    relu = _model(root, "relu.onnx", [helper.make_node("Relu", ["x"], ["y"])])
+    empty = onnx.helper.make_model(helper.make_graph([], "g", [], []), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(empty, str(root / "empty.onnx"))
+    echo = helper.make_model(helper.make_graph([], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(echo, str(root / "echo.onnx"))
     return {"type 77": _model(root, "t77.onnx", [helper.make_node("Add", ["x", "w"], ["y"])], [w], elem_type=77),
-            "chain": _model(root, "chain.onnx", chain)}
+            "chain": _model(root, "chain.onnx", chain), "renamed": renamed, "relu": relu,
+            "empty": root / "empty.onnx", "echo": root / "echo.onnx"}
 
 
 def _subcommands() -> dict:
@@ -380,9 +392,17 @@ REFUSED = {
     "a criterion that can never fire": ("compare", MODEL, "--criterion", "cosine<-2"),
     "a criterion that fires on every tensor": ("compare", MODEL, "--criterion", "max_abs>-1"),
     "no subcommand": (),
+    # nothing would be compared: never a verdict "ok"
+    "a candidate file that computes none of the outputs": ("compare", "{relu}", "--cand", "ort",
+                                                          "--cand-model", "{renamed}"),
+    "a model with no output": ("compare", "{empty}", "--cand", "ort:fp16"),
+    "a model whose output is its input": ("compare", "{echo}", "--cand", "ort:fp16"),
 }
 FRAGMENT = {"unknown element type": "element type 77", "variant": "empty engine or variant", "engine": "empty",
-            "never fire": "never fire", "every tensor": "every tensor", "subcommand": "no command given"}
+            "never fire": "never fire", "every tensor": "every tensor", "subcommand": "no command given",
+            "none of the outputs": "the candidate computes none of the reference's graph outputs (y); its outputs "
+                                   "are z", "no output": "the model is invalid: the graph has no output",
+            "its input": "every graph output of the model is one of its inputs (x)"}
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
@@ -402,18 +422,12 @@ def test_a_3000_node_chain_works(odd_models, capsys, argv):
 
 
 def _api():
+    """The public functions, imported as the README names them: from ``workbench`` itself."""
     import workbench
-    from workbench.calibrate import calibrate
-    from workbench.compare.api import compare
-    from workbench.dataset import compare_dataset
-    from workbench.reduce import reduce
-    from workbench.repair.api import repair
-    from workbench.report import load_bundle, rerun_bundle, save_bundle
 
-    return {"compare": compare, "inspect_model": workbench.inspect_model, "load_model": workbench.load_model,
-            "calibrate": calibrate, "repair": repair, "reduce": reduce, "save_bundle": save_bundle,
-            "load_bundle": load_bundle, "rerun_bundle": rerun_bundle, "engine_graph": workbench.engine_graph,
-            "compare_dataset": compare_dataset}
+    names = ("compare", "inspect_model", "load_model", "calibrate", "repair", "reduce", "save_bundle", "load_bundle",
+             "rerun_bundle", "engine_graph", "compare_dataset")
+    return {name: getattr(workbench, name) for name in names}
 
 
 API_CASES = [

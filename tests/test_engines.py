@@ -492,3 +492,30 @@ def test_entry_points_register_third_party_engines(tmp_path, monkeypatch):
         monkeypatch.undo()
         registry.registered.cache_clear()
     assert "counting" not in registry.registered()
+
+
+def test_ref_runs_opset_13_qdq_models_as_numpy_computes_them():
+    """onnx 1.23's evaluator has no DequantizeLinear before opset 19: the Q/DQ models ONNX Runtime's quantize_static
+    writes (opset 13) ran nowhere but ORT. Truth: Q/DQ by hand in numpy (round half to even, saturate)."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 127, (3, 4)).astype(np.int8)
+    ws = np.array([0.1, 0.02, 0.5], np.float32)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0),  # per channel
+             helper.make_node("MatMul", ["wd", "xd"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])],
+                              [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+                               numpy_helper.from_array(np.array(3, np.uint8), "z"),
+                               numpy_helper.from_array(w, "w"), numpy_helper.from_array(ws, "ws")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = rng.normal(size=(4, 2)).astype(np.float32) * 8
+    x[0, 0] = 20.0  # saturates at 255
+    xd = ((np.clip(np.round(x / np.float32(0.05)) + 3, 0, 255) - 3) * np.float32(0.05)).astype(np.float32)
+    truth = (w.astype(np.float32) * ws[:, None]) @ xd
+    with get_engine("ref", precision="native").prepare(model, ["y", "xq"]) as session:
+        got = session.run({"x": x})
+    assert got["xq"].dtype == np.uint8 and got["xq"][0, 0] == 255 and (got["xq"] == 0).any()
+    np.testing.assert_allclose(got["y"], truth, rtol=1e-6, atol=1e-6)

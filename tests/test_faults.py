@@ -359,8 +359,15 @@ def _duplicate_output() -> onnx.ModelProto:
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
 
 
+def _output_listed_twice() -> onnx.ModelProto:
+    return graph_model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])] * 2)
+
+
 @pytest.mark.parametrize("make, says", [(_cyclic, "cycle through nodes 'loop_"),
-                                        (_duplicate_output, "tensor 'y' is produced twice: by node 'first'")])
+                                        (_duplicate_output, "tensor 'y' is produced twice: by node 'first'"),
+                                        (_output_listed_twice, "graph output 'y' is listed twice")])
 @pytest.mark.parametrize("ref", ["ort", "ref"])
 def test_an_invalid_graph_is_reported_as_the_models_problem(tmp_path, make, says, ref):
     model = save(make(), tmp_path / "bad.onnx")
@@ -372,7 +379,7 @@ def test_an_invalid_graph_is_reported_as_the_models_problem(tmp_path, make, says
 def test_an_invalid_graph_never_reaches_a_converter():
     from workbench.variants import make_variant
 
-    for make in (_cyclic, _duplicate_output):
+    for make in (_cyclic, _duplicate_output, _output_listed_twice):
         with pytest.raises(ModelStructureError):
             make_variant(make(), "fp16")
 
@@ -382,6 +389,11 @@ def test_inspect_lists_cycles_as_problems():
 
     problems = inspect_model(_cyclic(), probe=False).to_json()["problems"]
     assert any(p["code"] == "cycle" and "'loop_a'" in p["message"] for p in problems)
+    problems = inspect_model(_output_listed_twice(), probe=False).to_json()["problems"]
+    assert [p["code"] for p in problems if p["severity"] == "error"] == ["duplicate-graph-output"], problems
+    empty = graph_model([], [], [])
+    problems = inspect_model(empty, probe=False).to_json()["problems"]
+    assert [p["code"] for p in problems if p["severity"] == "error"] == ["no-outputs"], problems
 
 
 @pytest.mark.slow

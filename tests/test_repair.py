@@ -372,3 +372,23 @@ def test_int8_builds_with_weights_mapped_from_scratch_are_the_same_model(tmp_pat
     assert not Path(folders[0].name).exists()
     assert mapped.kept == plain.kept and mapped.met
     assert (tmp_path / "mapped.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+
+
+def test_the_headline_says_when_the_independent_check_fails():
+    """A model that meets the target on the candidate engine but not on the independent one says so on its first
+    line (exit status still 0: the target is the candidate engine's), and not when it passes there too."""
+    from workbench.repair.result import RepairResult
+
+    def result(independent_met: bool) -> RepairResult:
+        return RepairResult("ort", "ort:int8", ["conv"], True, True, 3, {"text": "ctc >= 1"}, {}, {}, [], ["conv"],
+                            verification={"candidate": {"engine": "ort", "met": True},
+                                          "independent": {"engine": "ref (precision=native)", "met": independent_met,
+                                                          "failing": 2}}, kind="qdq")
+
+    failed = result(False)
+    first = failed.render().splitlines()[0]
+    assert first == ("repair ort:int8 against ort: target MET (ctc >= 1); NOT met on the independent check "
+                     "(ref (precision=native)): see below"), first
+    assert "verified on independent (ref (precision=native)): NOT met" in failed.render()
+    assert failed.exit_code == 0
+    assert result(True).render().splitlines()[0] == "repair ort:int8 against ort: target MET (ctc >= 1)"

@@ -20,8 +20,15 @@ _LAZY = {
     "Inspection": "workbench.inspection",
     "inventory": "workbench.model.inventory",
     "Workbench": "workbench.ui.workbench",
+    "compare": "workbench.compare",
+    "calibrate": "workbench.calibrate",
     "repair": "workbench.repair",
+    "reduce": "workbench.reduce",
+    "compare_dataset": "workbench.dataset.api",
     "engine_graph": "workbench.engine_graphs.api",
+    "save_bundle": "workbench.report.bundle",
+    "load_bundle": "workbench.report.bundle",
+    "rerun_bundle": "workbench.report.rerun",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY, extra=("__version__",))

@@ -53,6 +53,16 @@ def temp_prefix(name: str) -> str:
     return f".{name[:64]}.{tag()}"  # a long name (up to NAME_MAX) still leaves room for the tag
 
 
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as an error shows it: one of our temporaries (:func:`temp_prefix`) is shown as the output it stands
+    for (its folder and name), not as the temporary."""
+    text = os.fspath(path)
+    name = os.path.basename(text)
+    if name.startswith(".") and ".wbtmp-" in name:
+        return os.path.join(os.path.dirname(text), name[1:name.index(".wbtmp-")])
+    return text
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -19,3 +19,20 @@ def lazy_exports(package: str, mapping: dict[str, str], extra: tuple[str, ...] =
         return names
 
     return __getattr__, __dir__, names
+
+
+def callable_package(package: str, module: str, function: str) -> None:
+    """Make the imported package ``package`` callable: calling it runs ``module.function`` (so that
+    ``from workbench import compare; compare(...)`` works although ``workbench.compare`` is a package)."""
+    import sys
+    import types
+
+    class _CallablePackage(types.ModuleType):
+        def __call__(self, *args, **kwargs):
+            return self.__wrapped__(*args, **kwargs)
+
+        @property
+        def __wrapped__(self):  # the function (inspect.signature, help and argument checks see it)
+            return getattr(importlib.import_module(module), function)
+
+    sys.modules[package].__class__ = _CallablePackage

@@ -831,7 +831,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as e:
         if debug or e.errno not in _USER_ERRNOS:
             return _internal(e, debug)
-        where = f": {e.filename}" if e.filename else ""
+        from ._atomic import shown_path
+
+        where = f": {shown_path(e.filename)}" if e.filename else ""
         if e.errno in SPACE_ERRNOS:  # name the output being written, not a temporary or an input
             dest = space_error_destination(e, parser, args)
             where = f" writing {dest}" if dest else where

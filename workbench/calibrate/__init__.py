@@ -9,7 +9,7 @@ on the model's outputs, representativeness of the calibration data, TensorRT cac
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from .._lazy import callable_package, lazy_exports
 
 _LAZY = {
     "calibrate": "workbench.calibrate.api",
@@ -28,3 +28,4 @@ _LAZY = {
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)
+callable_package(__name__, "workbench.calibrate.api", "calibrate")  # workbench.calibrate(...)

@@ -67,6 +67,37 @@ def make_engine(spec: EngineSpec, *, isolate: bool | None = None, options: dict 
     return get_engine(spec.engine, **opts)
 
 
+def names_list(names: list[str], most: int = 4) -> str:
+    """Up to ``most`` names, comma-separated and shown safely, then how many more."""
+    from ..textfmt import safe_name
+
+    shown = ", ".join(safe_name(n, 80) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _check_outputs_paired(ref: GraphInfo, pairs: list, candidate: onnx.ModelProto) -> list[str]:
+    """The verdict is read from the graph outputs: refuse a comparison where none can be compared (every output a
+    graph input, or a candidate file that computes none of them under their names; a graph with no output is
+    refused by :func:`check_structure`). Notes for the outputs left out when only some are missing."""
+    from ..errors import InputError
+
+    outputs = list(dict.fromkeys(ref.outputs))
+    computed = [o for o in outputs if o not in set(ref.inputs)]
+    if not computed:
+        raise InputError(f"every graph output of the model is one of its inputs ({names_list(outputs)}): it computes "
+                         "nothing to compare", "compare a model whose outputs are computed by its nodes")
+    paired = {p.tensor for p in pairs}
+    missing = [o for o in computed if o not in paired]
+    if len(missing) == len(computed):
+        theirs = [o.name for o in candidate.graph.output]
+        raise InputError(f"the candidate computes none of the reference's graph outputs ({names_list(computed)}); its "
+                         f"outputs are {names_list(theirs) or 'none'}: nothing would be compared",
+                         "a candidate file (--cand-model) must keep the tensor names of the model it was made from: "
+                         "pass that model as the reference")
+    return [f"graph output(s) {names_list(missing)} have no tensor of that name in the candidate: not compared"] \
+        if missing else []
+
+
 def _check_native(variant: str, model: onnx.ModelProto, name: str) -> None:
     """Refuse ``ref:fp16``/``ref:bf16`` on a file without that type: it would run in another arithmetic."""
     want = {"fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[variant]
@@ -182,6 +213,7 @@ class ComparisonPlan(PlanEngines):
             Criterion.parse(given) if given else Criterion.default_for(self.family))
         # pairs, boundaries, feeds, floors
         self.pairs = pair_tensors(self.ref_graph, self.cand_inferred, self.views)
+        self.notes += _check_outputs_paired(self.ref_graph, self.pairs, self.cand_model)
         self.granularity: dict = {}
         if opts.granularity == "fused":  # only the candidate engine's fused-group boundaries
             from ..engine_graphs.granularity import restrict

@@ -147,7 +147,7 @@ def probe_onnxruntime(model: onnx.ModelProto, providers=("CPUExecutionProvider",
         return result
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # its errors are raised, and reported as ours: none printed raw
     try:
         from ..model.mapped import ort_options, session_source
 

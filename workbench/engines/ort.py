@@ -120,7 +120,7 @@ class OrtEngine(Engine):
         if not arena:  # with many marked outputs the arena would keep their peak reserved after each run
             options.enable_cpu_mem_arena = False
             options.enable_mem_pattern = False
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # errors are raised and reported as ours: none printed raw
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                                    OPTIMIZATION_LEVELS[self.graph_optimization])
         if self.threads:

@@ -77,9 +77,18 @@ def check_skeleton(skeleton: onnx.ModelProto) -> None:
 
 
 def structure_problems(graph: onnx.GraphProto) -> list[Problem]:
-    """What makes ``graph`` (not its subgraphs) impossible to run on any engine: a tensor produced twice (by two
-    nodes, or by a node and a graph input or initializer) and a cycle, each naming the nodes and tensors."""
+    """What makes ``graph`` (not its subgraphs) impossible to run or compare on any engine: no graph output, an
+    output listed twice, a tensor produced twice (by two nodes, or by a node and a graph input or initializer) and a
+    cycle, each naming the nodes and tensors."""
     problems = []
+    if not graph.output:
+        problems.append(Problem("error", "no-outputs", "the graph has no output: nothing can be run or compared"))
+    listed: set[str] = set()
+    for out in graph.output:
+        if out.name in listed:
+            problems.append(Problem("error", "duplicate-graph-output", f"graph output '{out.name}' is listed twice: "
+                                    "remove the duplicate from graph.output"))
+        listed.add(out.name)
     producer = {i.name: f"graph input '{i.name}'" for i in graph.input}
     producer |= {t.name: f"initializer '{t.name}'" for t in graph.initializer}
     for i, node in enumerate(graph.node):

@@ -21,6 +21,7 @@ nodes. A candidate engine other than ONNX Runtime runs ``candidate.onnx`` in the
 engine shows the divergence and what ONNX Runtime CPU gives).
 """
 
+from .._lazy import callable_package
 from .api import Attempt, ReduceResult, check_out, command_line, reduce
 from .common import FILES, SCHEMA, ReduceError
 from .files import npz_bytes, run_ort
@@ -28,3 +29,4 @@ from .readme import readme, snippet
 
 __all__ = ["FILES", "SCHEMA", "Attempt", "ReduceError", "ReduceResult", "check_out", "command_line", "npz_bytes",
            "readme", "reduce", "run_ort", "snippet"]
+callable_package(__name__, "workbench.reduce.api", "reduce")  # workbench.reduce(...)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 from typing import TYPE_CHECKING, Any
 
+from ..textfmt import safe_name  # names from the model: on one line, reordering characters escaped
 from .common import _ENGINE_PACKAGES, _SHOWN, ORT_PROVIDERS
 
 if TYPE_CHECKING:
@@ -81,21 +82,21 @@ def readme(result: ReduceResult, plan) -> str:
     status = ("reproduces the divergence on its own" if result.reproduced else
               f"does NOT reproduce the divergence on its own within {result.max_nodes} reference node(s): the "
               "divergence needs more of the graph than this pair")
-    ref_nodes = ", ".join(f"`{n}` ({op})" for n, op in zip(result.nodes, result.op_types))
+    ref_nodes = ", ".join(f"`{safe_name(n)}` ({op})" for n, op in zip(result.nodes, result.op_types))
     rows = [("candidate.onnx vs expected.npz", result.metrics), ("candidate.onnx vs reference.onnx",
                                                                  result.pair_metrics),
             ("reference.onnx vs expected.npz", result.reference_metrics)]
     lines = [
-        f"# Divergence reproducer: `{result.node}` ({result.op_type})", "",
+        f"# Divergence reproducer: `{safe_name(result.node)}` ({result.op_type})", "",
         f"This pair {status}: {_metrics_text(crit.metric, result.metrics)} (criterion: {crit.describe()}).", "",
-        f"- model: `{model.name}` (sha256 {model.fingerprint[:16]}...)",
+        f"- model: `{safe_name(model.name)}` (sha256 {model.fingerprint[:16]}...)",
         f"- reference: `{plan.ref_spec}`; candidate: `{plan.cand_spec}`"
-        + (f" from the user's file `{plan.variant_info.get('file')}`" if plan.cand_source is not None else
+        + (f" from the user's file `{safe_name(plan.variant_info.get('file'))}`" if plan.cand_source is not None else
            " (the workbench's variant of the model)"),
         f"- reference.onnx: {len(result.nodes)} node(s): {ref_nodes}",
-        f"- candidate.onnx: {len(result.candidate_nodes)} node(s): {', '.join(result.candidate_nodes)}",
-        f"- inputs.npz: the reference's values of {', '.join(f'`{n}`' for n in result.inputs) or 'nothing'}",
-        f"- expected.npz: the reference's values of {', '.join(f'`{n}`' for n in result.outputs)}",
+        f"- candidate.onnx: {len(result.candidate_nodes)} node(s): {', '.join(map(safe_name, result.candidate_nodes))}",
+        f"- inputs.npz: the reference's values of {', '.join(f'`{safe_name(n)}`' for n in result.inputs) or 'nothing'}",
+        f"- expected.npz: the reference's values of {', '.join(f'`{safe_name(n)}`' for n in result.outputs)}",
         f"- made with: `{result.command}`", "",
         f"## Measured divergence ({result.engine})", "",
         f"| | {crit.metric} | " + " | ".join(m for m in _SHOWN if m != crit.metric) + " |",
@@ -125,7 +126,7 @@ def readme(result: ReduceResult, plan) -> str:
         lines += [f"- {len(a.nodes)} node(s) {', '.join(a.nodes)}: {_metrics_text(crit.metric, a.metrics)} "
                   f"({'reproduces' if a.reproduced else 'does not reproduce'})" for a in result.attempts]
     if result.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
+        lines += ["", "## Notes", ""] + [f"- {safe_name(n)}" for n in result.notes]
     lines += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in versions.items()]
     lines.append(f"- platform: {platform.platform()}")
     return "\n".join(lines) + "\n"

@@ -4,10 +4,7 @@ around nodes of an INT8 one) so that the candidate meets a target. ``workbench.r
 
 from __future__ import annotations
 
-import sys
-import types
-
-from .._lazy import lazy_exports
+from .._lazy import callable_package, lazy_exports
 
 _LAZY = {
     "repair": "workbench.repair.api",
@@ -24,13 +21,4 @@ _LAZY = {
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)
 
 
-class _CallableModule(types.ModuleType):
-    """``workbench.repair`` is this package once imported; calling it runs :func:`repair`."""
-
-    def __call__(self, *args, **kwargs):
-        from .api import repair
-
-        return repair(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+callable_package(__name__, "workbench.repair.api", "repair")

@@ -311,6 +311,12 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     t2 = time.perf_counter()
     independent = _independent(plan, repaired, ev, builder.kind, verify)
     timing["verify_s"] = time.perf_counter() - t2
+    if final.met and independent.get("met") is False and builder.kind == "qdq":
+        notes.insert(0, f"the repaired model meets the target on {plan.cand_spec.engine} but not on "
+                        f"{independent.get('engine')} ({independent.get('failing')} failing feed(s)): engines compute "
+                        "Q/DQ differently (fused INT8 kernels round where dequantize-compute-quantize does not), and "
+                        "this target is close to that difference. Check it on the engine you deploy, or loosen the "
+                        "target")
     checker = _check(repaired)
     family = plan.cand_precision.family
     weights = {"family": family, "before": precision_share(plan.cand_model, family),

@@ -54,6 +54,12 @@ class RepairResult:
         """0: the target is met; 1: not reachable (the best set found is reported)."""
         return 0 if self.met else 1
 
+    @property
+    def independent_failed(self) -> str | None:
+        """The independent engine's label when the repaired model ran there and missed the target, else None."""
+        v = self.verification.get("independent") or {}
+        return str(v.get("engine")) if v.get("met") is False else None
+
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "reference": self.reference, "candidate": self.candidate, "met": self.met,
                 "kept": list(self.kept), "minimal": self.minimal, "builds": self.builds,
@@ -85,7 +91,9 @@ class RepairResult:
     def render(self) -> str:
         """A few lines: verdict, kept nodes, before/after per output, verification, weights, cost."""
         lines = [f"repair {safe_name(self.candidate)} against {safe_name(self.reference)}: target "
-                 f"{'MET' if self.met else 'NOT REACHED'} ({safe_name(self.target.get('text', ''))})"]
+                 f"{'MET' if self.met else 'NOT REACHED'} ({safe_name(self.target.get('text', ''))})"
+                 + (f"; NOT met on the independent check ({safe_name(self.independent_failed)}): see below"
+                    if self.met and self.independent_failed else "")]
         label = "kept in reference precision (fp32-island)" if self.kind == "float" else "Q/DQ removed around"
         best = "" if self.met else " (best set found)"
         lines.append(f"  {label}{best}: {', '.join(map(safe_name, self.kept)) if self.kept else '(nothing)'}"

@@ -44,7 +44,9 @@ def load_metric(spec: str | Callable) -> tuple[Callable, str]:
     try:
         return load_function(text, "metric"), text
     except InputError as e:
-        raise RepairError(e.message, e.hint) from None
+        hint = e.hint if ":" in text else "use a built-in task metric (top1, topk:K, ctc, mask_iou:T) or your own " \
+            "as module:function or path/to/file.py:function"
+        raise RepairError(e.message, hint) from None
 
 
 @dataclass

@@ -18,7 +18,7 @@ def ort_session(model: onnx.ModelProto, *, optimize: bool = False) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # its errors are raised: none printed raw
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     from ..model.mapped import has_mapped, ort_options, session_source
