@@ -634,7 +634,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-version", type=_whole(0), default=100300, metavar="INT",
                    help="version in the cache's TRT-<version>-<Algo> header (default 100300: TensorRT 10.3)")
     p.add_argument("--ort-table", type=FOLDER_OUT, metavar="DIR",
-                   help="write ORT's calibration.json/.flatbuffers/.cache into DIR")
+                   help="write ORT's calibration.json and .cache into DIR (and .flatbuffers where the flatbuffers "
+                        "package is installed: onnxruntime writes it only then)")
     p.add_argument("--import-cache", metavar="FILE", help="overlay thresholds from a TensorRT cache or ORT "
                    "calibration.json")
     p.add_argument("--qdq", type=FILE_OUT, metavar="OUT.onnx",

@@ -120,8 +120,9 @@ def read_trt_cache(path: str | os.PathLike) -> TrtCache:
 
 def write_ort_table(dest: str | os.PathLike, amax: dict[str, float | tuple[float, float]]) -> list[Path]:
     """ONNX Runtime's calibration table for ``amax`` (an amax: range -amax..amax, or a (lowest, highest)
-    pair): calibration.json, .flatbuffers and
-    .cache written by ``onnxruntime.quantization.quant_utils.write_calibration_table`` into a temporary folder,
+    pair): calibration.json and .cache (and .flatbuffers, which onnxruntime writes only where the ``flatbuffers``
+    package is installed) written by ``onnxruntime.quantization.quant_utils.write_calibration_table`` into a
+    temporary folder,
     then moved into the folder ``dest`` (created if needed). ORT's .cache is NOT TensorRT's format."""
     from onnxruntime.quantization.calibrate import TensorData
     from onnxruntime.quantization.quant_utils import write_calibration_table

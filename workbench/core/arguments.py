@@ -169,6 +169,9 @@ def checked(**extra: Rule | type | tuple[type, ...]) -> Callable:
             given.update(given.pop(varkw, None) or {})
             for name, value in given.items():
                 rule = rules.get(name)
+                param = sig.parameters.get(name)
+                if rule is not None and value is None and param is not None and param.default is param.empty:
+                    raise TypeError(f"{fn.__name__}(): {name} is required, not None")
                 if rule is None or value is None:  # None: "not given" throughout the API (the function decides)
                     continue
                 try:
