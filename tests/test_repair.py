@@ -120,6 +120,11 @@ def test_int8_outlier_needs_the_outlier_path_unquantized(tmp_path):
     res = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "fixed.onnx")
     assert res.met and res.kind == "qdq"
     assert sorted(res.kept) == ["/mlp/fc2/Add", "/mlp/fc3/MatMul"]
+    # the default independent check runs the Q/DQ model unfused; --verify ref the same in onnx's evaluator
+    independent = res.verification["independent"]
+    assert independent["engine"] == "ort (graph_optimization=disable)" and independent["met"], independent
+    on_ref = repair(str(model), "ort", "ort:int8", feeds=feeds, verify="ref").verification["independent"]
+    assert on_ref["engine"] == "ref (precision=native)" and on_ref["met"] and "fallback_from" not in on_ref, on_ref
     fixed = onnx.load(str(tmp_path / "fixed.onnx"))
     consumers = [n for n in fixed.graph.node if "/mlp/fc2/Add_output_0" in n.input]
     assert [n.op_type for n in consumers] == ["Identity"] or all(n.op_type != "QuantizeLinear" for n in consumers)

@@ -734,8 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "local worker processes (same result as serial)")
     p.add_argument("--executor", metavar="KIND", help="serial, processes, ray (a local Ray) or ray://HOST:PORT (a Ray "
                    "cluster) for the candidate evaluations")
-    p.add_argument("--verify", default="ref", metavar="ENGINE", help="independent engine the repaired model is "
-                   "verified on besides the candidate's (default: ref; none: skip)")
+    p.add_argument("--verify", default="auto", metavar="ENGINE", help="independent engine the repaired model is "
+                   "verified on besides the candidate's (default auto: ref, onnx's evaluator in the model's own types, "
+                   "for FP16/BF16; onnxruntime with graph optimizations off, Q/DQ unfused, for INT8; none: skip)")
     p.add_argument("--no-rewrites", action="store_true", help="FP32 islands only: do not first try rewrites that "
                    "keep a culprit in FP16 (a clamped constant restored, a BatchNormalization folded or rescaled)")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
