@@ -147,3 +147,15 @@ def test_long_names_and_values_are_cut_with_the_whole_value_in_the_tooltip():
 def test_a_big_weight_is_summarised_by_type_and_shape_without_decoding_it():
     big = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4096, 4096])  # no data: never decoded
     assert summarize_value(big) == "tensor float [4096, 4096]"
+
+
+def test_a_reset_selection_clears_the_ring_so_the_node_can_be_picked_again():
+    """A new run resets the selection: the canvas must drop its ring, else a click on that node sends the value it
+    already holds (no change event) and selects nothing."""
+    panel = GraphPanel(netron_model())
+    panel.state.selected = "conv"
+    assert panel.canvas.selected == "conv"
+    panel.state.selected = ""
+    assert panel.canvas.selected == ""
+    panel.canvas.selected = "conv"  # what the front end sends on a click
+    assert panel.state.selected == "conv"

@@ -68,6 +68,37 @@ def test_a_bad_model_is_a_message_not_an_exception(tmp_path):
     assert wb.state.model is None
 
 
+@pytest.mark.parametrize("kwargs, used, says", [
+    ({"candidate": "ort:FP16"}, ("ort", "ort:fp16"), None),  # a variant in capitals is read as meant
+    ({"candidate": "ort:fp8"}, ("ort", "ort:fp16"), "unknown candidate variant 'fp8'"),
+    ({"reference": "bogus"}, ("ort", "ort:fp16"), "unknown reference engine 'bogus'"),
+])
+def test_a_spec_the_pickers_lack_is_said_and_the_panels_still_build(kwargs, used, says):
+    import html
+
+    wb = Workbench(CLAMP, **kwargs)
+    pair = wb.compare_panel.pair
+    assert (pair.reference, pair.candidate) == used
+    note = html.unescape(wb.spec_note.value)
+    assert (says in note and "wb-error" in note) if says else note == "", note
+    assert wb.repair_panel is not None and wb.dataset_panel is not None
+
+
+def test_a_path_that_cannot_be_written_is_the_users_problem_not_an_internal_error():
+    import html
+
+    from workbench.compare.api import compare
+
+    wb = Workbench(CLAMP)
+    panel = wb.compare_panel
+    wb.state.result = compare(str(CLAMP), "ort", "ort:fp16", culprits=False)
+    panel.save_path.value = "/proc/wb-no-such-folder/x.json"
+    assert panel.save() is None
+    note = html.unescape(panel.save_note.value)
+    assert "saving the result failed: No such file or directory: /proc/wb-no-such-folder" in note, note
+    assert "internal error" not in note and "check the path" in note
+
+
 def test_compare_run_finds_the_planted_culprit():
     wb = Workbench(CLAMP)
     panel = wb.compare_panel

@@ -408,3 +408,22 @@ def test_weight_free_conversion_on_real_models(fetch_model, name):
     model = onnx.load(str(fetch_model(name)))
     for converter in ("ort", "onnxconverter_common"):
         _assert_same_as_converter(model, converter)
+
+
+def test_the_quantizers_root_logger_warnings_are_routed_to_our_log(caplog):
+    """ONNX Runtime's quantizer logs on the root logger; a notebook then shows 'WARNING:root:Axis 1 is out-of-range
+    ...' under the cell. They go to workbench.variants.calibration at info level instead."""
+    import logging
+
+    from workbench.variants import make_variant
+
+    model = onnx.load(str(SAMPLES / "fp16_clamp_constant.onnx"))
+    shape = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    feeds = [{model.graph.input[0].name: np.random.default_rng(i).standard_normal(shape).astype(np.float32)}
+             for i in range(2)]
+    with caplog.at_level(logging.INFO):
+        make_variant(model, "int8", calibration_feeds=feeds)
+    assert not [r for r in caplog.records if r.name == "root"], [r.getMessage() for r in caplog.records]
+    assert any(r.name == "workbench.variants.calibration" and "out-of-range" in r.getMessage()
+               for r in caplog.records)
+    assert not logging.getLogger().filters  # the route is taken down after the quantizer

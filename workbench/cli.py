@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import logging
 import math
@@ -831,15 +830,16 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from writing again
         return EXIT_OK
     except OSError as e:
-        if debug or e.errno not in _USER_ERRNOS:
-            return _internal(e, debug)
         from ._atomic import shown_path
+        from .errors import USER_ERRNOS
 
+        if debug or e.errno not in USER_ERRNOS:
+            return _internal(e, debug)
         where = f": {shown_path(e.filename)}" if e.filename else ""
         if e.errno in SPACE_ERRNOS:  # name the output being written, not a temporary or an input
             dest = space_error_destination(e, parser, args)
             where = f" writing {dest}" if dest else where
-        _say(f"error: {e.strerror or e}{where} -- {_USER_ERRNOS[e.errno]}")
+        _say(f"error: {e.strerror or e}{where} -- {USER_ERRNOS[e.errno]}")
         return EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback unless asked
         interrupt = _interrupted(e)
@@ -869,14 +869,6 @@ def _interrupted(e: BaseException) -> KeyboardInterrupt | None:
 
 #: errors of the user's environment (full disk, read-only or forbidden folder, a file where a folder goes), not
 #: our bugs: what to do about each
-_USER_ERRNOS = {
-    errno.ENOSPC: "free disk space or write somewhere else", errno.EDQUOT: "free space in your quota",
-    errno.EFBIG: "write somewhere that takes files this large", errno.EROFS: "write to a writable file system",
-    errno.EACCES: "check the permissions or write somewhere else", errno.EPERM: "check the permissions",
-    errno.EISDIR: "name a file, not a folder", errno.ENOTDIR: "a part of the path is a file, not a folder",
-    errno.EEXIST: "a part of the path already exists as a file", errno.ENAMETOOLONG: "use a shorter path",
-    errno.ELOOP: "the path has a symbolic link loop", errno.ENOENT: "check the path",
-}
 
 
 def _internal(e: BaseException, debug: bool) -> int:

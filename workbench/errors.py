@@ -8,6 +8,8 @@ an error: the user stopped the job (CLI exit 130).
 
 from __future__ import annotations
 
+import errno
+
 #: exit codes of the CLI (see the module docstring)
 EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_CANCELLED = 2, 3, 130
 
@@ -112,3 +114,26 @@ class Cancelled(Exception):
         self.message = message
         self.hint = self.default_hint if hint is None else hint
         super().__init__(message)
+
+
+#: OS errors a user's path or disk causes (not a bug of ours), with what to do: the CLI and the notebook say them in
+#: one line
+USER_ERRNOS = {
+    errno.ENOSPC: "free disk space or write somewhere else", errno.EDQUOT: "free space in your quota",
+    errno.EFBIG: "write somewhere that takes files this large", errno.EROFS: "write to a writable file system",
+    errno.EACCES: "check the permissions or write somewhere else", errno.EPERM: "check the permissions",
+    errno.EISDIR: "name a file, not a folder", errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "a part of the path already exists as a file", errno.ENAMETOOLONG: "use a shorter path",
+    errno.ELOOP: "the path has a symbolic link loop", errno.ENOENT: "check the path",
+}
+
+
+def os_error_text(exc: BaseException) -> str | None:
+    """One line for an OSError a user's path or disk caused (``USER_ERRNOS``), naming the path (the output a
+    temporary of ours stands for); None for any other exception."""
+    if not isinstance(exc, OSError) or exc.errno not in USER_ERRNOS:
+        return None
+    from ._atomic import shown_path
+
+    where = f": {shown_path(exc.filename)}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where} -- {USER_ERRNOS[exc.errno]}"

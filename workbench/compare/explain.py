@@ -94,6 +94,24 @@ def gain_text(gain) -> str:
     return f"fixing it gains {gain:.3g} dB on the outputs"
 
 
+def impact_sentence(impact: dict) -> str:
+    """What fixing a culprit does to the outputs, in one sentence (the CLI's and the notebook's): its gain; the
+    inf/NaN it removes where there are any (the dB figure reads the finite values only); or, where the patched
+    value overflows too, the impact's note (the gain then measures nothing)."""
+    gain = impact.get("best_gain_db")
+    if impact.get("harmless"):
+        return f"fixing it gains at most {gain or 0:.1f} dB on the outputs"
+    if not isinstance(gain, (int, float)):
+        return ""
+    if impact.get("note"):
+        return str(impact["note"])
+    fixed = impact.get("nonfinite_fixed") or 0
+    if fixed:
+        return f"fixing it removes {fixed} inf/NaN from the outputs" + (
+            f" (on their finite values: {gain:+.3g} dB)" if math.isfinite(gain) else "")
+    return gain_text(gain)
+
+
 def _num(x) -> str:
     if isinstance(x, (list, tuple)):
         return "[" + ", ".join(_num(v) for v in x[:3]) + (", ..." if len(x) > 3 else "") + "]"

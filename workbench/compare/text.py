@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..textfmt import safe_name, table
-from .explain import gain_text
+from .explain import impact_sentence
 from .result import CompareResult, Culprit
 
 
@@ -30,20 +30,11 @@ def _floor(t, m: str) -> str:
 
 
 def _impact(c: Culprit) -> str:
-    if not c.impact:
+    said = impact_sentence(c.impact) if c.impact else ""
+    if not said:
         return ""
     if c.impact.get("harmless"):
-        return f"  HARMLESS: fixing it gains {c.impact.get('best_gain_db', 0):.1f} dB at most on the outputs"
-    gain = c.impact.get("best_gain_db")
-    if not isinstance(gain, float):
-        return ""
-    said = gain_text(gain)
-    fixed = c.impact.get("nonfinite_fixed") or 0
-    if c.impact.get("note"):  # the patched value overflows too: its gain measures nothing
-        said = c.impact["note"]
-    elif fixed:  # the dB figure reads the finite values only: inf/NaN removed is the gain that matters
-        said = f"fixing it removes {fixed} inf/NaN from the outputs" + (
-            f" (on their finite values: {gain:+.3g} dB)" if math.isfinite(gain) else "")
+        return f"  HARMLESS: {said}"
     return f"  {'harmful: ' if c.introduces_divergence else ''}{said}"
 
 

@@ -435,16 +435,11 @@ def _gain_text(c) -> str:
     impact = c.impact
     if not impact:
         return "impact not measured"
-    best = _label(impact.get("best_gain_db"), "sqnr_db")
+    from ..compare.explain import impact_sentence  # the CLI's and the Compare panel's sentence
+
     per = ", ".join(f"{esc(o)} {_label(g, 'sqnr_db')}" for o, g in (impact.get("gain") or {}).items())
-    fixed = impact.get("nonfinite_fixed") or 0
-    text = (f"HARMLESS: fixing it gains {best} at most on the outputs" if impact.get("harmless")
-            else f"fixing it gains {best} on the outputs") + (f" ({per})" if per else "")
-    if fixed:
-        text += f"; removes {fixed} inf/NaN"
-    if impact.get("note"):
-        text += f"<br>{esc(impact['note'])}"
-    return text
+    said = esc(impact_sentence(impact) or "impact not measured")
+    return ("HARMLESS: " if impact.get("harmless") else "") + said + (f" ({per})" if per else "")
 
 
 #: the culprit chart's legend: one horizontal row above the plot (below it, it sat on the x-axis title)

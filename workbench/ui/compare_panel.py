@@ -741,16 +741,10 @@ def culprit_html(c: Any, metric: str) -> str:
             f"receives {html.escape(received)}{floor}")
     impact = c.impact
     if impact:
-        from ..compare.explain import gain_text
+        from ..compare.explain import impact_sentence
 
-        gain = fmt_metric(impact.get("best_gain_db"))
         per = ", ".join(f"{o} {_gain_db(g)}" for o, g in (impact.get("gain") or {}).items())
-        said = (f"fixing it gains at most {gain} dB on the outputs" if c.harmless
-                else gain_text(impact.get("best_gain_db"))) + (f" ({per})" if per else "")
-        if impact.get("nonfinite_fixed"):
-            said += f", removes {impact['nonfinite_fixed']} inf/NaN"
-        if impact.get("note"):
-            said += f"; {impact['note']}"
+        said = (impact_sentence(impact) or "not measured") + (f" ({per})" if per else "")
         text += "<br>impact: " + html.escape(said)
     else:
         text += "<br>impact: not measured"

@@ -12,6 +12,24 @@ def spec(engine: str, variant: str) -> str:
     return engine if variant == "fp32" else f"{engine}:{variant}"
 
 
+def pickable(given: str, side: str, default: str) -> tuple[str, str | None]:
+    """(the spec the pickers can show for ``given``, why it was replaced or None). Variants are read in any case
+    (``ort:FP16``); an engine or variant the pickers do not have falls back to ``default``, said in one line."""
+    from ..engines import available_engines
+
+    engines = [e["name"] for e in available_engines()]
+    engine, _, variant = str(given).strip().partition(":")
+    variant = variant.strip().lower() or "fp32"
+    if engine not in engines:
+        return default, (f"unknown {side} engine {engine!r} (in {given!r}): using {default}; pick one of "
+                         f"{', '.join(engines)}")
+    if variant not in VARIANTS:
+        return spec(engine, "fp32") if side == "reference" else default, (
+            f"unknown {side} variant {variant!r} (in {given!r}): using "
+            f"{spec(engine, 'fp32') if side == 'reference' else default}; the variants are {', '.join(VARIANTS)}")
+    return spec(engine, variant), None
+
+
 class EnginePair:
     """Four dropdowns (reference engine and variant, candidate engine and variant), filled from what is installed
     here; :meth:`problems` lists why the chosen pair cannot run (an engine unavailable, a variant the engine does
@@ -21,6 +39,9 @@ class EnginePair:
         from ..engines import available_engines
 
         self.engines = {e["name"]: e for e in available_engines()}
+        reference, why_ref = pickable(reference, "reference", "ort")
+        candidate, why_cand = pickable(candidate, "candidate", "ort:fp16")
+        self.replaced = [w for w in (why_ref, why_cand) if w]  # what the pickers could not show (Workbench says it)
         ref_engine, _, ref_variant = reference.partition(":")
         cand_engine, _, cand_variant = candidate.partition(":")
         self.ref_engine = self._picker("reference", ref_engine)

@@ -248,7 +248,10 @@ class GraphPanel(widgets.VBox):
         name = change["new"]
         if name and self.view is not None and name in self.view.hidden:
             self.hide_trivial.value = False  # a hidden Identity/Constant picked elsewhere: show them (rebuilds)
-        if not name or self.view is None or name not in self.view.index:
+        if not name:  # the selection was reset (a new run): no ring left on the canvas, so that a click on that
+            self.canvas.selected = ""  # node selects it again (the front end sends only a changed value)
+            return
+        if self.view is None or name not in self.view.index:
             return
         if self.focus is not None and name not in {self.view.names[i]
                                                    for i in self.view.neighbourhood(self.focus, self.hops.value)}:

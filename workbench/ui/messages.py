@@ -16,19 +16,22 @@ def message_html(text: str, kind: str = "info") -> str:
 
 def error_text(exc: BaseException) -> str:
     """One readable line: a WorkbenchError's message and hint; anything else named as an internal error."""
-    from ..errors import Cancelled, WorkbenchError
+    from ..errors import Cancelled, WorkbenchError, os_error_text
 
     if isinstance(exc, WorkbenchError):
         return str(exc)
     if isinstance(exc, Cancelled):
         return f"cancelled ({exc.message})"
+    said = os_error_text(exc)  # a path or disk the user gave: not an internal error
+    if said is not None:
+        return said
     return f"internal error ({type(exc).__name__}: {exc}); the kernel log has the details"
 
 
 def error_html(exc: BaseException, what: str = "") -> str:
-    from ..errors import Cancelled, WorkbenchError
+    from ..errors import Cancelled, WorkbenchError, os_error_text
 
-    if not isinstance(exc, (WorkbenchError, Cancelled)):
+    if not isinstance(exc, (WorkbenchError, Cancelled)) and os_error_text(exc) is None:
         log.error("%s failed", what or "a task", exc_info=exc)
     prefix = f"{what} failed: " if what else ""
     return message_html(prefix + error_text(exc), "error")

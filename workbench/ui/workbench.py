@@ -11,10 +11,11 @@ import ipywidgets as widgets
 from .calibration_panel import CalibrationPanel
 from .compare_panel import ComparePanel
 from .dataset_panel import DatasetPanel
+from .engine_pair import pickable
 from .engine_panel import EnginePanel
 from .errors_panel import ErrorsPanel
 from .graph_panel import GraphPanel
-from .messages import error_html, fallback_repr
+from .messages import error_html, fallback_repr, message_html
 from .model_panel import ModelPanel
 from .plot_fit import PlotFit
 from .repair_panel import RepairPanel
@@ -47,6 +48,13 @@ class Workbench(widgets.VBox):
                  output_dir: str | None = None, state: WorkbenchState | None = None, **load_kwargs: Any) -> None:
         self.header = widgets.HTML()
         self._options = {"reference": reference, "candidate": candidate}
+        self.spec_note = widgets.HTML()  # a reference/candidate the pickers cannot show: what was used instead
+        said = []
+        for side, default in (("reference", "ort"), ("candidate", "ort:fp16")):
+            self._options[side], why = pickable(self._options[side], side, default)
+            if why:
+                said.append(message_html(why, "error"))
+        self.spec_note.value = "".join(said)
         self._panels: dict[str, widgets.Widget] = {}
         self._anchors: dict[str, RevealAnchor] = {}  # at each tab's top: a request to show it scrolls to it
         self.tabs = widgets.Tab(children=[widgets.VBox() for _ in PANELS], titles=list(PANELS.values()))
@@ -61,7 +69,7 @@ class Workbench(widgets.VBox):
         self.state.observe(self._on_show, "show")
         self.state.observe(lambda _: self._title(), "model")
         self.saved_runs = SavedRunsBox(self)  # the runs of this model saved by earlier sessions: Reopen
-        super().__init__([style_tag(), self.header, self.saved_runs, self.tabs])
+        super().__init__([style_tag(), self.header, self.spec_note, self.saved_runs, self.tabs])
         self.add_class("wb-root")
         self._title()
         self.panel("model")

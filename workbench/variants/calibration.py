@@ -32,12 +32,28 @@ def data_reader(feeds: list[dict[str, np.ndarray]]) -> Any:
 
 @contextlib.contextmanager
 def quiet_stdout():
-    """ORT's quantization tools print progress; route it to the debug log instead."""
+    """ORT's quantization tools print progress and log warnings on the root logger (which, with no handler set, a
+    notebook cell shows: ``WARNING:root:Axis 1 is out-of-range for weight ...``); route both to this module's log
+    instead (info for the warnings, debug for the progress)."""
     buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        yield
+    root = logging.getLogger()
+    rerouted = _RootToLog()
+    root.addFilter(rerouted)  # a logger filter sees the records logged on root itself only, not propagated ones
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        root.removeFilter(rerouted)
     if buffer.getvalue().strip():
         log.debug("onnxruntime.quantization: %s", buffer.getvalue().strip())
+
+
+class _RootToLog(logging.Filter):
+    """Drops records logged on the root logger, logging their text here at info level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        log.info("onnxruntime.quantization: %s", record.getMessage())
+        return False
 
 
 def minmax_ranges(model: Any, ranges: dict, op_types: Any = None) -> Any:
