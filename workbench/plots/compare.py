@@ -594,7 +594,8 @@ def channel_error_heatmap(ref: np.ndarray, cand: np.ndarray, axis: int = 1, max_
         return fit_title(fig)
     if r.ndim < 2:
         r, c, axis = r.reshape(1, -1), c.reshape(1, -1), 0
-    axis = axis % r.ndim
+    past = "" if -r.ndim <= axis < r.ndim else f"; axis {axis} is past its {r.ndim} dimensions"
+    axis = axis % r.ndim if not past else 1  # an axis past the rank is said, not wrapped around
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(np.moveaxis(c, axis, 0) - np.moveaxis(r, axis, 0)).reshape(r.shape[axis], -1)
     cols = min(max_cols, err.shape[1])
@@ -607,7 +608,8 @@ def channel_error_heatmap(ref: np.ndarray, cand: np.ndarray, axis: int = 1, max_
                              colorbar={"title": "mean |error|"},
                              hovertemplate="channel %{y}<br>position group %{x}<br>mean |error| %{z:.4g}"
                                            "<extra></extra>"))
-    fig.update_layout(title=esc(f"{name + ': ' if name else ''}mean |error| per channel (axis {axis}) and position"),
+    fig.update_layout(title=esc(f"{name + ': ' if name else ''}mean |error| per channel (axis {axis}) and position"
+                                f"{past}"),
                       xaxis_title=f"position (other axes flattened, {cols} groups)", yaxis_title="channel",
                       template="plotly_white")
     return fit_title(fig)
