@@ -66,3 +66,30 @@ def test_the_text_says_inf_nan_removed_not_a_finite_values_gain():
     assert _impact(c).endswith("fixing it removes 768 inf/NaN from the outputs (on their finite values: -0.01 dB)")
     c.impact["note"] = "its reference values exceed the format's range"
     assert _impact(c).endswith("its reference values exceed the format's range") and "dB" not in _impact(c)
+
+
+def test_a_node_that_amplifies_a_small_received_error_is_the_culprit():
+    """INT8 of the clamp sample: /conv/Conv's quantization adds 0.013 (under the criterion), the BatchNormalization
+    with the huge variance turns that into 0.92 (the first divergent tensor), and alone it adds 0.008. Before, every
+    culprit read 'below the criterion' beside a DIVERGED verdict. Now the amplifier is flagged, and its measured fix
+    is checked here independently: its Q/DQ removed (islands.remove_qdq), onnxruntime run directly, numpy metric."""
+    import onnx
+    from conftest import SAMPLES
+    from test_repair import norm_mean_abs, ort_run
+
+    from workbench.compare.api import compare
+    from workbench.repair.islands import remove_qdq
+
+    model = SAMPLES / "fp16_clamp_constant.onnx"
+    result = compare(str(model), "ort", "ort:int8")
+    first = result.culprits[0]
+    assert result.diverged and first.node == "/bn_big_var/BatchNormalization" and first.introduces_divergence
+    assert not first.harmless and first.impact["best_gain_db"] > 20, first.impact
+    assert first.explanation.startswith("it amplifies the error it receives: its inputs arrive at norm_mean_abs "
+                                        "0.0128 (under the criterion) and its output is at 0.923"), first.explanation
+    feeds = result.used_feeds
+    refs = ort_run(onnx.load(str(model)), feeds)
+    fixed = ort_run(remove_qdq(result.plan.cand_model, result.plan.ref_model, [first.node]), feeds)
+    broken = ort_run(result.plan.cand_model, feeds)
+    assert max(norm_mean_abs(r[0], c[0]) for r, c in zip(refs, broken)) > 0.1
+    assert max(norm_mean_abs(r[0], c[0]) for r, c in zip(refs, fixed)) < 0.1

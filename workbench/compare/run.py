@@ -95,8 +95,30 @@ def _culprits(plan, measured: Measured, floors: dict) -> list[Culprit]:
         c.introduces_divergence = crit.diverged(ranking.judged_metrics(c, crit.metric))
         c.explanation = explain(p.node, plan.family, stats, received, plan.clamps, tensor=p.tensor, floor=floor,
                                 op_type=p.op_type, reduction=_reduction(plan, node), beyond=c.beyond_floor)
+        full = measured.full.get(p.tensor)
+        if not c.introduces_divergence and full is not None:
+            _amplifier(c, full.metrics(), floor, crit)
         out.append(c)
     return ranking.rank(out, crit)
+
+
+def _amplifier(c: Culprit, output: dict, floor: dict | None, crit) -> None:
+    """A node whose output diverges in the full run although what it receives does not, and alone (reference
+    inputs) it adds too little to diverge: it magnifies its inputs' small error past the criterion (a
+    BatchNormalization or a subtraction whose output is a small difference of large values). That node is where
+    the divergence starts, so it is flagged; its measured impact then says whether fixing it there helps (for INT8,
+    its inputs read in float)."""
+    from .text import fmt
+
+    if not crit.diverged(output, floor) or crit.diverged(c.received):
+        return
+    m = crit.metric
+    c.introduces_divergence = True
+    said = (f"it amplifies the error it receives: its inputs arrive at {m} {fmt(c.received.get(m), m)} (under the "
+            f"criterion) and its output is at {fmt(output.get(m), m)} in the full run, while alone, from reference "
+            f"inputs, it adds only {fmt(c.introduced.get(m), m)}: its output is sensitive to small input errors "
+            "(e.g. a small difference of large values)")
+    c.explanation = f"{said}; {c.explanation}" if c.explanation else said
 
 
 def _reduction(plan, node) -> int | None:
