@@ -397,3 +397,7 @@ def test_the_headline_says_when_the_independent_check_fails():
     assert "verified on independent (ref (precision=native)): NOT met" in failed.render()
     assert failed.exit_code == 0
     assert result(True).render().splitlines()[0] == "repair ort:int8 against ort: target MET (ctc >= 1)"
+    broken = result(True)
+    broken.verification["independent"] = {"engine": "ref", "error": "ref: onnx's ReferenceEvaluator cannot run it"}
+    assert "  verified on independent (ref): could not run (ref: onnx's ReferenceEvaluator cannot run it)" \
+        in broken.render().splitlines()

@@ -114,6 +114,9 @@ class RepairResult:
         for role, v in self.verification.items():
             if v.get("skipped"):
                 lines.append(f"  verified on {role}: skipped ({v['skipped']})")
+            elif v.get("error"):  # the engine could not run the repaired model: not a verdict on it
+                lines.append(f"  verified on {role} ({safe_name(v.get('engine'))}): could not run "
+                             f"({safe_name(v['error'], 300)})")
             else:
                 lines.append(f"  verified on {role} ({v.get('engine')}): {'met' if v.get('met') else 'NOT met'}")
         share = self.weights.get("after", {}).get("share")
