@@ -830,16 +830,14 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from writing again
         return EXIT_OK
     except OSError as e:
-        from ._atomic import shown_path
-        from .errors import USER_ERRNOS
+        from .errors import os_error_text
 
-        if debug or e.errno not in USER_ERRNOS:
+        # a full disk: name the output being written, not a temporary or an input
+        dest = space_error_destination(e, parser, args) if e.errno in SPACE_ERRNOS else None
+        said = None if debug else os_error_text(e, writing=dest)
+        if said is None:
             return _internal(e, debug)
-        where = f": {shown_path(e.filename)}" if e.filename else ""
-        if e.errno in SPACE_ERRNOS:  # name the output being written, not a temporary or an input
-            dest = space_error_destination(e, parser, args)
-            where = f" writing {dest}" if dest else where
-        _say(f"error: {e.strerror or e}{where} -- {USER_ERRNOS[e.errno]}")
+        _say(f"error: {said}")
         return EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - the CLI never shows a raw traceback unless asked
         interrupt = _interrupted(e)

@@ -128,12 +128,13 @@ USER_ERRNOS = {
 }
 
 
-def os_error_text(exc: BaseException) -> str | None:
+def os_error_text(exc: BaseException, writing: str | None = None) -> str | None:
     """One line for an OSError a user's path or disk caused (``USER_ERRNOS``), naming the path (the output a
-    temporary of ours stands for); None for any other exception."""
+    temporary of ours stands for), or ``writing``: the output being written, when the caller knows it better (a
+    full disk); None for any other exception."""
     if not isinstance(exc, OSError) or exc.errno not in USER_ERRNOS:
         return None
     from ._atomic import shown_path
 
-    where = f": {shown_path(exc.filename)}" if exc.filename else ""
+    where = f" writing {writing}" if writing else f": {shown_path(exc.filename)}" if exc.filename else ""
     return f"{exc.strerror or exc}{where} -- {USER_ERRNOS[exc.errno]}"

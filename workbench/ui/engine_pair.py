@@ -24,9 +24,9 @@ def pickable(given: str, side: str, default: str) -> tuple[str, str | None]:
         return default, (f"unknown {side} engine {engine!r} (in {given!r}): using {default}; pick one of "
                          f"{', '.join(engines)}")
     if variant not in VARIANTS:
-        return spec(engine, "fp32") if side == "reference" else default, (
-            f"unknown {side} variant {variant!r} (in {given!r}): using "
-            f"{spec(engine, 'fp32') if side == 'reference' else default}; the variants are {', '.join(VARIANTS)}")
+        used = spec(engine, "fp32") if side == "reference" else default
+        return used, (f"unknown {side} variant {variant!r} (in {given!r}): using {used}; the variants are "
+                      f"{', '.join(VARIANTS)}")
     return spec(engine, variant), None
 
 
@@ -39,9 +39,8 @@ class EnginePair:
         from ..engines import available_engines
 
         self.engines = {e["name"]: e for e in available_engines()}
-        reference, why_ref = pickable(reference, "reference", "ort")
-        candidate, why_cand = pickable(candidate, "candidate", "ort:fp16")
-        self.replaced = [w for w in (why_ref, why_cand) if w]  # what the pickers could not show (Workbench says it)
+        reference = pickable(reference, "reference", "ort")[0]  # what the pickers can show (Workbench says why)
+        candidate = pickable(candidate, "candidate", "ort:fp16")[0]
         ref_engine, _, ref_variant = reference.partition(":")
         cand_engine, _, cand_variant = candidate.partition(":")
         self.ref_engine = self._picker("reference", ref_engine)
