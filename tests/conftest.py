@@ -20,6 +20,30 @@ os.environ["WORKBENCH_RUNS_DIR"] = _RUNS
 __import__("atexit").register(__import__("shutil").rmtree, _RUNS, True)
 
 
+def served_downloads(html_text: str) -> list[tuple[str, str, bytes]]:
+    """(name, data-path, bytes) of each download link in ``html_text``, the bytes assembled from the messages the
+    kernel's download server sends when the link is clicked (``workbench.ui.downloads``; a browser test clicks
+    them for real)."""
+    import re
+
+    from workbench.ui.downloads import server
+
+    out = []
+    for token, name, path in re.findall(r'<a class="wb-download" href="#" data-wb-download="([^"]+)" '
+                                        r'data-name="([^"]+)" title="[^"]*" data-path="([^"]+)"', html_text):
+        server_id, key = token.split(":")
+        assert server_id == server().server_id, "a link of another kernel's server"
+        messages = list(server().chunks(key))
+        errors = [m["error"] for m, _ in messages if "error" in m]
+        assert not errors, errors
+        assert messages[-1][0]["last"] and all(m["name"] == name for m, _ in messages)
+        data = b"".join(bytes(b) for _, buffers in messages for b in buffers)
+        assert len(data) == messages[-1][0]["size"]
+        out.append((name, path, data))
+    assert out, html_text[:500]
+    return out
+
+
 def tiny_model(opset: int = 17, ir_version: int = 8, named: bool = True) -> onnx.ModelProto:
     """x[1,4] -> MatMul(W) -> Relu -> y[1,4]."""
     w = numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(4, 4) / 16, "W")

@@ -5,15 +5,13 @@ test fails without the feature it names."""
 
 from __future__ import annotations
 
-import base64
 import io
-import re
 import zipfile
 
 import numpy as np
 import onnx
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, served_downloads
 from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("ipywidgets")
@@ -182,9 +180,7 @@ def test_send_arrays_puts_reference_and_candidate_into_the_notebook_namespace(cl
 # --- exports and history ----------------------------------------------------------------------------------------
 def _download(note: str, k: int = 0) -> bytes:
     """The bytes of the ``k``-th download link in ``note`` (-1: the last)."""
-    links = re.findall(r'href="data:application/octet-stream;base64,([^"]+)"', note)
-    assert links, note[:400]
-    return base64.b64decode(links[k])
+    return served_downloads(note)[k][2]
 
 
 def test_html_report_and_bundle_are_written_to_a_temp_folder_with_download_links(tmp_path, monkeypatch):

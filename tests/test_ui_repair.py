@@ -5,7 +5,6 @@ failures leave no stale result behind."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import threading
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, served_downloads
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
@@ -30,10 +29,8 @@ CULPRIT = "/bn_big_var/BatchNormalization"
 
 def _link(html_text: str) -> tuple[str, bytes]:
     """(data-path, decoded bytes) of the first in-page download link in ``html_text``."""
-    m = re.search(r'<a class="wb-download" download="[^"]+" title="[^"]*" data-path="([^"]+)" '
-                  r'href="data:application/octet-stream;base64,([A-Za-z0-9+/=]+)"', html_text)
-    assert m, html_text[:500]
-    return m.group(1), base64.b64decode(m.group(2))
+    _name, path, data = served_downloads(html_text)[0]
+    return path, data
 
 
 def test_repair_keeps_the_clamped_batchnorm_rings_it_and_offers_the_model(chdir_tmp):

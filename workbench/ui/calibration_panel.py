@@ -19,6 +19,7 @@ from ..calibrate.methods import DEFAULT_METHOD, DEFAULT_PERCENTILES, METHODS, RU
 from ..calibrate.ort_rules import ENTROPY_BINS, QUANTIZED_BINS
 from ..plots.calibration import calibration_histogram, sensitivity_bars
 from .downloads import download_html
+from .downloads import server as download_server
 from .figures import clear, show_figure
 from .inputs_box import parse_shapes, shapes_note_html, shapes_placeholder, shapes_template
 from .jobs import JobControls
@@ -113,7 +114,7 @@ class CalibrationPanel(widgets.VBox):
             self.methods, self.rank_method, widgets.HBox([self.rule_percentile, self.percentile]),
             widgets.HBox([self.ort_entropy_bins, self.seed]), self.run_button, self.jobs])
         super().__init__([
-            style_tag(), heading("Calibration data"), setup, heading("Results"), self.summary,
+            style_tag(), download_server(), heading("Calibration data"), setup, heading("Results"), self.summary,
             heading("Rules: whose threshold each reproduces, and how well it keeps the tensors"), self.rules,
             heading("Tensors, most sensitive first (worst-case SQNR under the ranking rule)"), self.tensor,
             widgets.HBox([self.log_y, self.show_eval]), self.tensor_note, self.histogram,

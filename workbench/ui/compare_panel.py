@@ -18,6 +18,7 @@ import ipywidgets as widgets
 from ..compare.text import fmt as fmt_metric
 from ..core.metric_info import HIGHER_IS_BETTER, JUDGED, METRIC_INFO
 from .downloads import download_html
+from .downloads import server as download_server
 from .engine_pair import EnginePair, PairedPanel
 from .fallbacks import fallback_notes
 from .inputs_box import InputsBox
@@ -109,7 +110,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
             widgets.HBox([self.ref_engine, self.ref_variant]), widgets.HBox([self.cand_engine, self.cand_variant]),
             widgets.HBox([self.cand_file, self.cand_upload]), self.engine_note, self.precision])
         super().__init__([
-            style_tag(), heading("Engines and precisions"), pickers, heading("Inputs"), self.inputs,
+            style_tag(), download_server(), heading("Engines and precisions"), pickers, heading("Inputs"), self.inputs,
             heading("Divergence criterion"), widgets.HBox([self.metric, self.threshold]), self.tolerance_note,
             self.mode, widgets.HBox([self.run_button]), self.jobs, heading("Results"), self.stale_note, self.summary,
             self.provider_note, self.culprit_rows, self.tensors, heading("Export"),

@@ -27,7 +27,8 @@ from traitlets import Bool, List, Unicode
 
 from .._atomic import umask
 from ..errors import InputError
-from .downloads import MAX_INLINE_BYTES, download_html  # noqa: F401 - re-exported
+from .downloads import download_html
+from .downloads import server as download_server
 from .engine_pair import EnginePair, PairedPanel
 from .figures import clear, show_figure
 from .inputs_box import InputsBox
@@ -108,7 +109,7 @@ class RepairPanel(PairedPanel, widgets.VBox):
                                 widgets.HBox([self.cand_engine, self.cand_variant]), self.cand_file,
                                 self.engine_note])
         super().__init__([
-            style_tag(), heading("Engines and precisions"), pickers,
+            style_tag(), download_server(), heading("Engines and precisions"), pickers,
             heading("Inputs" + (" (shared with Compare)" if compare is not None else "")), self.inputs,
             heading("Target"), self.target, self.metric, self.max_builds, widgets.HBox([self.run_button]),
             self.jobs, heading("Results"), self.summary, self.kept_rows, self.outputs_table, self.chart,
