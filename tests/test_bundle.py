@@ -167,7 +167,7 @@ def test_rerun_says_what_changed(tmp_path):
     manifest["versions"]["onnxruntime"] = "1.0.0"
     (path / "manifest.json").write_text(json.dumps(seal_manifest(manifest)))  # a deliberate edit, re-sealed
     report = rerun_bundle(path)
-    assert not report.reproduced and report.exit_code == 0
+    assert not report.reproduced and report.exit_code == 1  # no divergence now, but not the saved answer
     doc = report.to_json()
     assert doc["first_divergent"]["saved"]["node"] == BN_NODE and doc["first_divergent"]["now"] is None
     assert doc["first_divergent"]["changed"] is True

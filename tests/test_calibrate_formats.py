@@ -101,6 +101,12 @@ def test_ort_table_through_ort_writer(report, tmp_path, monkeypatch):
     assert entries == pytest.approx({t: float(np.float32(a)) for t, a in usable.items()}, rel=1e-6)
     imported = report.read_cache(dest / "calibration.json")
     assert imported.format == "ort-json" and set(imported.matched) == set(usable)
+    # ORT's own loader (what quantize_static(calibration_cache_path=...) calls) reads it, labelled Percentile
+    from onnxruntime.quantization.calibrate import CalibrationMethod, load_tensors_data
+
+    loaded = load_tensors_data(dest / "calibration.json")
+    assert loaded.calibration_method == CalibrationMethod.Percentile and set(loaded.keys()) == set(usable)
+    assert all(float(loaded[t].range_value[1]) == float(np.float32(a)) for t, a in usable.items())
 
 
 def test_read_ort_json_variants(tmp_path):

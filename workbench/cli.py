@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -145,7 +146,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     check_outputs([Output("--json", args.json), Output("--report", args.report),
                    Output("--bundle", args.bundle, "new")],
                   models={"MODEL": args.model, "--cand-model": args.cand_model},
-                  inputs={"--inputs": args.inputs, "--calib": args.calib, **_code_inputs(args)})
+                  inputs={"--inputs": args.inputs, "--calib": None if args.calib is None or args.calib.isdigit()
+                          else args.calib, **_code_inputs(args)})
     _check_calib(args)
     if args.criterion:
         Criterion.parse(args.criterion)  # a bad criterion fails before the comparison, not after
@@ -156,17 +158,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         criterion=args.criterion, memory_budget=args.memory_budget, seed=args.seed, feed_count=args.feeds,
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         val_ranges=parse_range_overrides(args.val_range) if args.val_range else None,
-        keep_fp32=args.keep_fp32 or (), calibration_feeds=args.calib, culprits=not args.no_culprits,
+        keep_fp32=args.keep_fp32 or (), calibration_feeds=_feeds_arg(args.calib) if args.calib else None,
+        culprits=not args.no_culprits,
         isolate={"auto": None, "yes": True, "no": False}[args.isolate], timeout_s=args.timeout,
         impact=args.impact, fail_on_internal_dips=args.fail_on_internal_dips, granularity=args.granularity,
         stream=args.stream, segment_size=args.segment_size, progress=_progress_logger() if args.verbose else None,
     )
+    code = _verdict(EXIT_DIVERGED if result.failed else EXIT_OK)
     if args.json:
         _write_json(result.to_json(), args.json)
     _save_report_and_bundle(args, result)
     if args.json != "-":
         print(printable_lines(render(result)))
-    return EXIT_DIVERGED if result.failed else EXIT_OK
+    return code
 
 
 def _dataset_mode(args: argparse.Namespace) -> bool:
@@ -195,6 +199,7 @@ def _compare_dataset(args: argparse.Namespace) -> int:
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         keep_fp32=args.keep_fp32 or None, isolate={"auto": None, "yes": True, "no": False}[args.isolate],
         timeout_s=args.timeout, progress=_progress_logger() if args.verbose else None)
+    code = _verdict(EXIT_DIVERGED if result.failed else EXIT_OK)
     if args.json:
         _write_json(result.to_json(), args.json)
     if args.bundle:
@@ -202,7 +207,7 @@ def _compare_dataset(args: argparse.Namespace) -> int:
 
         path = save_dataset_bundle(result, args.bundle, include_data=args.bundle_data,
                                    zip=args.bundle.lower().endswith(".zip"))
-        _say(f"bundle written to {path} (rerun it: workbench rerun {path})")
+        _say(f"bundle written to {path} (rerun it: workbench rerun {shlex.quote(str(path))})")
     if args.report:
         from .report.dataset_html import write_dataset_report
 
@@ -210,7 +215,7 @@ def _compare_dataset(args: argparse.Namespace) -> int:
         _say(f"report written to {args.report}")
     if args.json != "-":
         print(printable_lines(result.render()))
-    return EXIT_DIVERGED if result.failed else EXIT_OK
+    return code
 
 
 def _save_report_and_bundle(args: argparse.Namespace, result) -> None:
@@ -232,7 +237,7 @@ def _save_report_and_bundle(args: argparse.Namespace, result) -> None:
         zipped = args.bundle.lower().endswith(".zip")
         path = save_bundle(result, dest=args.bundle, zip=zipped, tensors=values,
                            weights=getattr(args, "bundle_weights", "auto"))
-        _say(f"bundle written to {path} (rerun it: workbench rerun {path})")
+        _say(f"bundle written to {path} (rerun it: workbench rerun {shlex.quote(str(path))})")
     if args.report:
         from .report.html import write_report
 
@@ -250,11 +255,12 @@ def cmd_rerun(args: argparse.Namespace) -> int:
                           executor=args.executor, allow_engines=args.allow_engine or (),
                           trust_unsealed=args.trust_unsealed, progress=_progress_logger() if args.verbose else None,
                           weights=args.weights)
+    code = _verdict(report.exit_code)
     if args.json:
         _write_json(report.to_json(), args.json)
     if args.json != "-":
         print(printable_lines(report.render()))
-    return report.exit_code
+    return code
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -299,11 +305,12 @@ def cmd_reduce(args: argparse.Namespace) -> int:
                            node=args.node, out=args.out, max_nodes=args.max_nodes, options=options)
     result = reduce(args.model, args.ref, args.cand, cand_model=args.cand_model, feeds=args.inputs, node=args.node,
                     out=args.out, max_nodes=args.max_nodes, command=command, **options)
+    code = _verdict(EXIT_OK if result.reproduced else EXIT_DIVERGED)
     if args.json:
         _write_json(result.to_json(), args.json)
     if args.json != "-":
         print(printable_lines(result.render()))
-    return EXIT_OK if result.reproduced else EXIT_DIVERGED
+    return code
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -328,16 +335,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         seed=args.seed, input_shapes=args.input_shapes, sweep=args.sweep, top_k=args.top_k,
         progress=_progress_logger() if args.verbose else None,
     )
-    written = []
+    written, hints = [], []
     if args.import_cache:
         report.read_cache(args.import_cache)
+    if args.qdq:  # checked against FP32 too; first: the quantizer is what may refuse, before anything is written
+        written.append(f"QDQ model ({report.method}: {report.rule(report.method)}): {report.save_qdq(args.qdq)}")
+    left = report.left_out() if args.cache or args.ort_table else {}
+    out_of = f" ({len(left)} tensor(s) left out: " + ", ".join(f"{t} {why}" for t, why in list(left.items())[:3]) \
+        + (" ..." if len(left) > 3 else "") + ")" if left else ""
     if args.cache:
         path = report.write_trt_cache(args.cache, version=args.cache_version)
-        written.append(f"TensorRT calibration cache ({report.method}: {report.rule(report.method)}): {path}")
+        written.append(f"TensorRT calibration cache ({report.method}: {report.rule(report.method)}): {path}{out_of}")
     if args.ort_table:
-        written += [f"ORT calibration table ({report.method}): {p}" for p in report.write_ort_table(args.ort_table)]
-    if args.qdq:  # checked against FP32 too
-        written.append(f"QDQ model ({report.method}: {report.rule(report.method)}): {report.save_qdq(args.qdq)}")
+        written += [f"ORT calibration table ({report.method}): {p}{out_of}"
+                    for p in report.write_ort_table(args.ort_table)]
+        hints.append(f"ONNX Runtime loads calibration.json with quantize_static(..., calibrate_method="
+                     f"CalibrationMethod.{report.ort_method()}, calibration_cache_path=...)")
     if args.report:
         from .report.calibration_html import write_calibration_report
 
@@ -352,6 +365,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(printable_lines(render(report, top=args.top)))
         for line in written:
             print(f"wrote {printable(line)}")
+        for line in hints:
+            print(printable(line))
     return EXIT_OK
 
 
@@ -379,14 +394,15 @@ def cmd_repair(args: argparse.Namespace) -> int:
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         progress=_progress_logger() if args.verbose else None,
     )
+    code = _verdict(result.exit_code)
     if args.bundle:
         path = result.save_bundle(args.bundle, zip=args.bundle.lower().endswith(".zip"))
-        _say(f"bundle written to {path} (rerun it: workbench rerun {path})")
+        _say(f"bundle written to {path} (rerun it: workbench rerun {shlex.quote(str(path))})")
     if args.json:
         _write_json(result.to_json(), args.json)
     if args.json != "-":
         print(printable_lines(result.render()))
-    return result.exit_code
+    return code
 
 
 def _code_inputs(args: argparse.Namespace) -> dict[str, str | None]:
@@ -551,7 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "culprit nodes")
     _add_pair_arguments(p, "run the candidate on this file (your own FP16/QDQ export); tensors are matched by name")
     p.add_argument("--val-range", nargs="+", metavar="NAME:[lo,hi]", help="value ranges for random inputs")
-    p.add_argument("--calib", metavar="FILE", help="calibration data for :int8 (default: the comparison feeds)")
+    p.add_argument("--calib", metavar="FILE|N", help="calibration data for :int8: a file, a folder of .npz, or N "
+                   "seeded random feeds (default: the comparison feeds)")
     p.add_argument("--keep-fp32", nargs="+", metavar="NODE", help="nodes the fp16/int8 variant keeps in float32")
     p.add_argument("--mode", choices=["auto", "all", "bisect"], default="auto",
                    help="all: mark every tensor (chunked); bisect: one extra tensor per build; auto: all unless "
@@ -626,8 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ort-entropy-bins", type=_whole(128, 2**16), default=128, metavar="N",
                    help="histogram bins of the ort-entropy rule, 128 to 65536 (default 128, ONNX "
                    "Runtime's; its 128 levels then leave one window: max)")
-    p.add_argument("--num-bins", type=_power_of_two(2, 2**16), default=2048, metavar="N", help="histogram bins, "
-                   "a power of two from 2 to 65536 (default 2048, TensorRT's)")
+    p.add_argument("--num-bins", type=_power_of_two(128, 2**16), default=2048, metavar="N", help="histogram bins, "
+                   "a power of two from 128 to 65536 (default 2048, TensorRT's)")
     p.add_argument("--cache", type=FILE_OUT, metavar="OUT",
                    help="write TensorRT's calibration cache of --method to OUT")
     p.add_argument("--cache-version", type=_whole(0), default=100300, metavar="INT",
@@ -790,7 +807,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return lifeline.exit_code(e)
 
 
+#: the exit code a command has decided before printing (a closed stdout must not turn a divergence into 0)
+_VERDICT = [EXIT_OK]
+
+
+def _verdict(code: int) -> int:
+    """Record ``code`` as the command's exit code before its output is written; returns it."""
+    _VERDICT[0] = code
+    return code
+
+
 def _main(argv: Sequence[str] | None) -> int:
+    _VERDICT[0] = EXIT_OK
     parser = build_parser()
     debug, args = False, None
     try:
@@ -826,9 +854,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if native_work_running():  # a session build is still in C++: leave without running destructors under it
             _leave_now(exit_code(e))
         return exit_code(e)
-    except BrokenPipeError:  # output piped into `head`: stop quietly
+    except BrokenPipeError:  # output piped into `head`: stop quietly, with the verdict's exit code
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from writing again
-        return EXIT_OK
+        return _VERDICT[0]
     except OSError as e:
         from .errors import os_error_text
 

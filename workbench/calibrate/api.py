@@ -75,7 +75,7 @@ def calibrate(
     if chosen not in methods:
         methods = (*methods, chosen)
     percentile = check_percentile(percentile)
-    num_bins = check_num_bins(num_bins)
+    num_bins = check_num_bins(num_bins, 128)
     ort_entropy_bins = _check_ort_bins(ort_entropy_bins)
     budget = parse_size(memory_budget)
     loaded = load_model(model)
@@ -89,6 +89,10 @@ def calibrate(
     spans = _spans(eval_feeds is not None, sweep)
     notes: list[str] = []
     timing: dict[str, float] = {}
+    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in loaded.proto.graph.node)
+    if qdq:
+        notes.append(f"the model is quantized already ({qdq} QuantizeLinear/DequantizeLinear nodes): these are the "
+                     "ranges of its dequantized tensors; calibrate its FP32 model to choose INT8 ranges")
 
     reads = needs(methods)
     calib = collect(loaded, feeds, tensors, num_bins=num_bins, budget=budget, trt="trt" in reads,
@@ -102,7 +106,13 @@ def calibrate(
     nonfinite = [t for t in tensors if hists[t].nonfinite]
     if nonfinite:
         notes.append(f"{len(nonfinite)} tensor(s) hold NaN/inf ({', '.join(nonfinite[:3])}); those values are "
-                     "counted apart and left out of ranges and errors")
+                     "counted apart and left out of ranges and errors, and the TensorRT cache and ORT table leave "
+                     "these tensors out (an INT8 scale would clip -inf to a finite value)")
+    flat = [t for t in tensors if hists[t].count and hists[t].zeros == hists[t].count]
+    if flat:
+        notes.append(f"{len(flat)} tensor(s) hold only zeros on the calibration data ({', '.join(flat[:3])}): no "
+                     "INT8 scale can be read from them; the TensorRT cache and ORT table leave them out and the QDQ "
+                     "model gives them ONNX Runtime's default scale 1 -- calibrate on data where they vary")
 
     t0 = time.perf_counter()
     steps = Steps(progress, cancel, *spans["ranges"])

@@ -100,7 +100,11 @@ class TrtCache:
             match = _LINE.match(line)
             if not match:
                 raise CacheFormatError(f"{source} line {number} is not 'name: 8 hex digits' ({line[:80]!r})")
-            cache.bits[match.group(1)] = int(match.group(2), 16)
+            name, bits = match.group(1), int(match.group(2), 16)
+            if name in cache.bits:
+                raise CacheFormatError(f"{source} line {number}: tensor {name!r} appears a second time",
+                                       "keep one line per tensor")
+            cache.bits[name] = bits
         return cache
 
 
@@ -118,13 +122,16 @@ def read_trt_cache(path: str | os.PathLike) -> TrtCache:
     return TrtCache.from_bytes(read_capped(p, None, "calibration cache", CacheFormatError, kind="calibration"), str(p))
 
 
-def write_ort_table(dest: str | os.PathLike, amax: dict[str, float | tuple[float, float]]) -> list[Path]:
+def write_ort_table(dest: str | os.PathLike, amax: dict[str, float | tuple[float, float]],
+                    calibration_method: str = "MinMax") -> list[Path]:
     """ONNX Runtime's calibration table for ``amax`` (an amax: range -amax..amax, or a (lowest, highest)
     pair): calibration.json and .cache (and .flatbuffers, which onnxruntime writes only where the ``flatbuffers``
     package is installed) written by ``onnxruntime.quantization.quant_utils.write_calibration_table`` into a
-    temporary folder,
-    then moved into the folder ``dest`` (created if needed). ORT's .cache is NOT TensorRT's format."""
-    from onnxruntime.quantization.calibrate import TensorData
+    temporary folder, then moved into the folder ``dest`` (created if needed). ORT's .cache is NOT TensorRT's
+    format. calibration.json is ORT's TensorsData form, labelled ``calibration_method`` (a CalibrationMethod
+    name): ``quantize_static(..., calibrate_method=CalibrationMethod.<it>, calibration_cache_path=...)`` loads it
+    and runs no calibrator."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
     from onnxruntime.quantization.quant_utils import write_calibration_table
 
     folder = Path(dest)
@@ -139,7 +146,7 @@ def write_ort_table(dest: str | os.PathLike, amax: dict[str, float | tuple[float
     from .._atomic import staged, temp_prefix
 
     with staged(tempfile.mkdtemp(prefix=temp_prefix("calibration-table"), suffix=".tmp", dir=folder)) as tmp:
-        write_calibration_table(table, dir=tmp)
+        write_calibration_table(TensorsData(CalibrationMethod[calibration_method], table), dir=tmp)
         for name in sorted(os.listdir(tmp)):
             target = folder / name
             shutil.move(str(Path(tmp) / name), target)  # same file system: an atomic rename

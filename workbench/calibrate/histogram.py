@@ -28,11 +28,14 @@ from .exceptions import CalibrationError
 MIN_EXPONENT = -100
 
 
-def check_num_bins(num_bins: int) -> int:
-    """``num_bins`` must be a power of two >= 2 (exact re-binning needs it)."""
+def check_num_bins(num_bins: int, minimum: int = 2) -> int:
+    """``num_bins`` must be a power of two (exact re-binning needs it) of at least ``minimum`` (calibrate() asks
+    128: TensorRT's entropy search starts at 128 quantized bins, and ModelOpt's mse reads the same histogram)."""
     n = int(num_bins)
-    if n < 2 or n & (n - 1):
-        raise CalibrationError(f"num_bins must be a power of two >= 2, got {num_bins}", "use e.g. 2048 (TensorRT's)")
+    if n < minimum or n & (n - 1):
+        raise CalibrationError(f"num_bins must be a power of two >= {minimum}, got {num_bins}",
+                               "use e.g. 2048 (TensorRT's)" + ("; the entropy search starts at 128 bins"
+                                                               if minimum >= 128 else ""))
     return n
 
 

@@ -133,8 +133,23 @@ class CalibrationReport:
         return ranked[:k] if k else ranked
 
     def usable_ranges(self, method: str | None = None) -> dict[str, float]:
-        """{tensor: amax} under ``method`` for tensors with a positive finite amax (others cannot be scaled)."""
-        return {t: a for t, a in self.ranges[self._method(method)].items() if np.isfinite(a) and a > 0}
+        """{tensor: amax} under ``method`` for the tensors an INT8 scale fits (:meth:`left_out` says why the others
+        do not)."""
+        left = self.left_out(method)
+        return {t: a for t, a in self.ranges[self._method(method)].items() if t not in left}
+
+    def left_out(self, method: str | None = None) -> dict[str, str]:
+        """{tensor: why} for tensors no INT8 scale fits under ``method``: those holding NaN/inf on the calibration
+        data (a scale from their finite values would clip an additive -inf mask to a finite value, and the QDQ
+        export keeps the nodes around them float), and those without a positive finite amax (only zeros)."""
+        out = {}
+        for t, a in self.ranges[self._method(method)].items():
+            h = self.histograms.get(t)
+            if h is not None and h.nonfinite:
+                out[t] = f"holds NaN/inf ({h.nonfinite:,} value(s))"
+            elif not (np.isfinite(a) and a > 0):
+                out[t] = "holds only zeros" if h is not None and h.count and h.zeros == h.count else f"amax {a}"
+        return out
 
     def usable_bounds(self, method: str | None = None) -> dict[str, tuple[float, float]]:
         """{tensor: (lowest, highest)} under ``method``: the rule's own bounds, (-amax, amax) for symmetric ones."""
@@ -196,9 +211,9 @@ class CalibrationReport:
 
         method = self._method(method)
         ranges = self.usable_ranges(method)
-        left = [t for t in self.ranges[method] if t not in ranges]
+        left = self.left_out(method)
         if left:
-            log.info("%d tensor(s) without a positive finite amax left out of the cache: %s", len(left), left[:5])
+            log.info("%d tensor(s) left out of the cache: %s", len(left), list(left.items())[:5])
         return TrtCache.from_amax(ranges, algorithm or TRT_ALGORITHMS[method], version)
 
     def write_trt_cache(self, path: str | os.PathLike, method: str | None = None, version: int = 100300,
@@ -209,15 +224,28 @@ class CalibrationReport:
         return write_trt_cache(path, self.trt_cache(method, version, algorithm))
 
     def write_ort_table(self, folder: str | os.PathLike, method: str | None = None) -> list[Path]:
-        """ORT's calibration.json/.flatbuffers/.cache for ``method``'s ranges, into ``folder``."""
+        """ORT's calibration.json/.flatbuffers/.cache for ``method``'s ranges, into ``folder`` (calibration.json
+        labelled with :meth:`ort_method`: pass it as quantize_static's calibrate_method to load the file)."""
         from .formats import write_ort_table
 
-        return write_ort_table(folder, self.usable_bounds(method))
+        return write_ort_table(folder, self.usable_bounds(method), self.ort_method(method))
+
+    def ort_method(self, method: str | None = None) -> str:
+        """The ``onnxruntime.quantization.CalibrationMethod`` name ORT's calibration.json is labelled with for
+        ``method`` (MinMax for rules ORT has no method of its own for: the ranges are used as they are)."""
+        method = self._method(method)
+        return "Entropy" if "entropy" in method else "Percentile" if "percentile" in method else "MinMax"
 
     def read_cache(self, path: str | os.PathLike) -> ImportedThresholds:
         """Read a TensorRT cache or ORT calibration JSON; its thresholds become ``self.imported``."""
         imported = read_thresholds(path)
         known = set(self.tensors)
+        invalid = {t: a for t, a in imported.amax.items() if not (np.isfinite(a) and a > 0)}
+        if invalid:  # a scale of 0, inf or NaN sets no INT8 range: left out, said
+            imported.amax = {t: a for t, a in imported.amax.items() if t not in invalid}
+            self.notes.append(f"{len(invalid)} threshold(s) in {Path(path).name} are not positive finite numbers "
+                              "and were left out: " + ", ".join(f"{t!r} (amax {a})" for t, a in
+                                                                list(invalid.items())[:3]))
         imported.matched = [t for t in imported.amax if t in known]
         imported.unmatched = [t for t in imported.amax if t not in known]
         if imported.unmatched:
@@ -295,6 +323,8 @@ class CalibrationReport:
         ranges = self.usable_bounds(method)
         variant = to_int8(loaded.proto, feeds, per_channel=per_channel, method="minmax", ranges=ranges)
         rule = (("workbench.calibration.method", method), ("workbench.calibration.rule", self.rule(method)))
+        if "percentile" in method:
+            rule += (("workbench.calibration.percentile", str(self.config.get("percentile"))),)
         for name, value in rule:
             variant.model.metadata_props.add(key=name, value=value)
         if key is not None:

@@ -27,7 +27,7 @@ from ..core.shapes import infer_shapes_lenient, value_types
 from ..engines import get_engine, should_isolate
 from ..engines.base import Engine
 from ..engines.spec import EngineSpec
-from ..errors import SpecError
+from ..errors import InputError, SpecError
 from ..model.graph import GraphInfo
 from ..model.load import LoadedModel, is_torch_module, load_model
 from ..model.precision import Precision, infer_precision, lossier, module_precision
@@ -169,6 +169,15 @@ class ComparisonPlan(PlanEngines):
                 self.engine_options[spec.engine] = {"module": self.module, "example_inputs": example_inputs,
                                                     **self.engine_options.get(spec.engine, {})}
         self.feeds, self.feed_info = _feeds(self.original.proto, feeds, opts)
+        calib = opts.calibration_feeds
+        if isinstance(calib, int) and not isinstance(calib, bool):  # N seeded random calibration feeds
+            from ..inputs.generate import random_feeds
+
+            if calib < 1:
+                raise InputError(f"calibration needs at least one feed, not {calib}", "give N >= 1, a file or a folder")
+            self.options = opts = opts.replace(calibration_feeds=random_feeds(  # seed + 1: not the compared feeds
+                self.original.proto, seed=int(opts.seed or 0) + 1, count=calib, shapes=opts.input_shapes,
+                ranges=opts.val_ranges))
         self.loaded = _inline_decided_ifs(self.original, self.feeds, self.notes) if opts.inline_branches \
             else self.original
         t1 = time.perf_counter()

@@ -126,7 +126,8 @@ def check_feed_bytes(plans: list[tuple[InputSpec, tuple[int, ...]]], count: int,
     raise InputError(
         f"{count} random feed(s) would take {human_size(total)}, over {what} of {human_size(limit)} (input "
         f"'{spec.name}' {spec.dtype.name} {list(shape)} alone is {human_size(size)} per feed)",
-        "use smaller --input-shapes or fewer --feeds, or raise --memory-budget",
+        "use smaller --input-shapes or fewer random feeds (the N of --feeds, --data or --calib), or raise "
+        "--memory-budget",
     )
 
 

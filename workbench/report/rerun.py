@@ -75,8 +75,10 @@ class RerunReport:
 
     @property
     def exit_code(self) -> int:
-        """0: no divergence now; 1: divergence now (reproduced or not: see :attr:`reproduced`)."""
-        return 1 if self.result.diverged else 0
+        """0: reproduced, and no divergence now; 1: a divergence now, or the saved answer not reproduced (a CI
+        gate on ``rerun`` fails when the answer changed either way: :attr:`reproduced` and ``diverged`` say which),
+        as a dataset or calibration bundle's rerun does."""
+        return 1 if self.result.diverged or not self.reproduced else 0
 
     def to_json(self) -> dict:
         diff = self.diff.to_json()

@@ -52,6 +52,7 @@ def to_int8(
     if activation_type not in ("int8", "uint8"):
         raise VariantError(f"unknown activation type '{activation_type}'", "use int8 (TensorRT) or uint8")
     original = copy_model(getattr(model, "proto", model))
+    _refuse_quantized(original)
     feeds = check_feeds(original, calibration_feeds)
     if not feeds:
         raise VariantError("INT8 calibration needs at least one feed", "pass --inputs/--data or a calibration set")
@@ -81,12 +82,45 @@ def to_int8(
     details.update({"quantize_nodes": counts["QuantizeLinear"], "dequantize_nodes": counts["DequantizeLinear"],
                     "qdq_outputs": qdq_outputs(quantized, work)})
     if not counts["QuantizeLinear"] and not counts["DequantizeLinear"]:
-        notes.append("the quantizer inserted no QuantizeLinear/DequantizeLinear nodes: nothing was quantized")
+        _nothing_quantized(work, scan.nonfinite, excluded, op_types)
     tensor_map = map_tensors(original, quantized)
     if tensor_map:
         notes.append(f"{len(tensor_map)} original tensor name(s) differ in the INT8 model (see tensor_map)")
     return VariantResult(model=quantized, variant="int8", converter="onnxruntime.quantization.quantize_static",
                          tensor_map=tensor_map, excluded_nodes=excluded, notes=notes, details=details)
+
+
+#: how a user keeps nodes out of quantization, in the CLI and in Python
+KEEP_FLOAT_HINT = "keep the failing nodes in float (--keep-fp32 NODE ... on the command line; keep_fp32= in Python)"
+
+
+def _refuse_quantized(model: onnx.ModelProto) -> None:
+    """A model that already holds Q/DQ nodes would be quantized a second time (and fail on duplicate names)."""
+    found = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    if found:
+        raise VariantError(f"the model is quantized already: it holds {found} QuantizeLinear/DequantizeLinear "
+                           "node(s), and INT8 would quantize it a second time",
+                           "give the FP32 model to make an INT8 variant of it, or run this file as it is "
+                           "(compare/repair: --cand ort --cand-model THIS_FILE)")
+
+
+def _nothing_quantized(model: onnx.ModelProto, nonfinite: dict, excluded: list[dict],
+                       op_types: Sequence[str] | None) -> None:
+    """The quantizer inserted no Q/DQ node: an "INT8" variant would be the FP32 model, and every comparison of it
+    a pass. One error that says why."""
+    inputs = [i.name for i in model.graph.input if i.name in nonfinite]
+    if nonfinite:
+        where = (f"the calibration data itself holds NaN/inf in input(s) {', '.join(inputs)}" if inputs else
+                 f"{len(nonfinite)} tensor(s) hold NaN/inf on the calibration feeds ({', '.join(list(nonfinite)[:4])})")
+        raise VariantError(f"nothing was quantized: {where}, and every node that reads or writes a non-finite "
+                           f"tensor stays float ({len(excluded)} node(s))",
+                           "calibrate on finite data (drop or fix the samples that hold NaN/inf)")
+    ops = sorted({n.op_type for n in model.graph.node})
+    what = f"node of the op types asked for ({', '.join(op_types)})" if op_types else \
+        "op that ONNX Runtime's quantizer quantizes"
+    raise VariantError(f"nothing was quantized: the model has no {what} outside the nodes kept in float "
+                       f"({len(excluded)}); its ops: {', '.join(ops[:12])}{' ...' if len(ops) > 12 else ''}",
+                       "compare it in FP16 instead, or keep fewer nodes in float")
 
 
 def _upgrade_opset(model: onnx.ModelProto, details: dict, notes: list[str]) -> onnx.ModelProto:
@@ -183,7 +217,7 @@ def _quantize(
                 )
         except Exception as e:  # noqa: BLE001 - the quantizer raises assorted errors; report one line
             raise VariantError(f"ONNX Runtime's quantize_static failed: {first_line(e)[:300]}",
-                               "exclude the failing nodes (exclude_nodes / --exclude-nodes) or try method='minmax'"
+                               f"{KEEP_FLOAT_HINT}, or try method='minmax'"
                                ) from None
         if mapped:  # the quantized model's weights stay in this run's scratch folder, mapped
             from ..model.mapped import map_files
@@ -347,4 +381,4 @@ def _validate(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> None:
         ort_session(model, optimize=True).run(None, feed)
     except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
         raise VariantError(f"ONNX Runtime (CPU) cannot run the INT8 model: {first_line(e)[:300]}",
-                           "exclude the failing nodes from quantization (exclude_nodes / --exclude-nodes)") from None
+                           KEEP_FLOAT_HINT) from None
