@@ -250,3 +250,36 @@ def test_recorded_or_torch_comparisons_say_why_they_cannot_rerun(tmp_path):
     r.reference, r.candidate = "torch", "ort"
     with pytest.raises(BundleError, match="torch engine cannot be bundled"):
         save_bundle(r, dest=tmp_path / "t")
+
+
+def test_a_bundle_carries_no_path_of_the_authors_machine(tmp_path, capsys):
+    """The model and the feeds travel as files of the bundle: their folders on the author's machine are not
+    written into it (the README: relative paths only)."""
+    author = tmp_path / "home of the author"
+    author.mkdir()
+    model, feeds = author / "model.onnx", author / "inputs.npz"
+    shutil.copyfile(SAMPLES / "transformer_block.onnx", model)
+    shutil.copyfile(SAMPLES / "transformer_block_inputs.npz", feeds)
+    assert main(["compare", str(model), "--ref", "ref", "--cand", "ref:fp16", "--inputs", str(feeds),
+                 "--bundle", str(tmp_path / "b")]) in (0, 1)
+    texts = [p.read_text() for p in (tmp_path / "b").rglob("*.json")]
+    assert texts and not any(str(author) in t or str(tmp_path) in t for t in texts)
+    doc = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert doc["model"]["path"] == "model.onnx" and doc["feeds"]["source"] == "inputs.npz"
+    shutil.rmtree(author)  # the author's files are gone: the bundle still reruns to the same answer
+    capsys.readouterr()
+    main(["rerun", str(tmp_path / "b")])
+    assert ": REPRODUCED" in capsys.readouterr().out
+
+
+def test_save_bundle_refuses_feeds_the_comparison_did_not_run_on(tmp_path):
+    feeds = dict(np.load(SAMPLES / "transformer_block_inputs.npz"))
+    r = compare(SAMPLES / "transformer_block.onnx", "ref", "ref:fp16", feeds=feeds)
+    other = {**feeds, "x": feeds["x"] * 1e-3}
+    with pytest.raises(BundleError, match="input 'x' is not the array the comparison ran on"):
+        save_bundle(r, SAMPLES / "transformer_block.onnx", feeds=other, dest=tmp_path / "b1")
+    with pytest.raises(BundleError, match="has input"):
+        save_bundle(r, SAMPLES / "transformer_block.onnx", feeds={"image": feeds["x"]}, dest=tmp_path / "b2")
+    assert not (tmp_path / "b1").exists() and not (tmp_path / "b2").exists()
+    path = save_bundle(r, SAMPLES / "transformer_block.onnx", feeds=feeds, dest=tmp_path / "b3")  # the same: fine
+    assert rerun_bundle(path).reproduced

@@ -160,3 +160,25 @@ def test_diff_of_two_fused_comparisons_says_whether_the_fusions_changed():
     assert any(n.startswith("fusions CHANGED") and "only openvino" in n for n in changed.notes)
     plain = diff_results(compare(model, "ort", "ort:fp16", culprits=False), ort_a)
     assert not any("fusions" in n for n in plain.notes)
+
+
+def test_diff_names_changed_inputs_and_moves_the_top_option_hides(before_after, tmp_path, capsys):
+    d, before, _ = before_after
+    seeded = compare(MODEL, "ort", "ort:fp16", seed=7)
+    seeded.save_json(tmp_path / "seed7.json")
+    diff = diff_results(d / "before.json", tmp_path / "seed7.json")
+    assert diff.specs_changed["feeds.seed"] == [0, 7] and "feeds.seed: 0 -> 7" in diff.render()
+    # --top 0 lists no tensor but says how many changed
+    assert main(["diff", str(d / "before.json"), str(d / "after.json"), "--top", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "tensor(s) changed (--top 0 lists none)" in out and "no change" not in out
+    # a metric that turns NaN (or disappears) moved; NaN in both did not
+    doc = json.loads(json.dumps(before.to_json()))
+    name = doc["tensors"][-1]["tensor"]
+    doc["tensors"][-1]["metrics"]["sqnr_db"] = None
+    (tmp_path / "gone.json").write_text(json.dumps(doc))
+    moved = diff_results(d / "before.json", tmp_path / "gone.json")
+    assert name in [t.tensor for t in moved.largest()] and not moved.metrics_match()
+    # results of two different models: said
+    other = compare(SAMPLES / "healthy_cnn.onnx", "ort", "ort:fp16")
+    assert any("different models" in n for n in diff_results(before, other).notes)

@@ -29,6 +29,7 @@ _LAZY = {
     "save_bundle": "workbench.report.bundle",
     "load_bundle": "workbench.report.bundle",
     "rerun_bundle": "workbench.report.rerun",
+    "diff_results": "workbench.report.diff",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY, extra=("__version__",))

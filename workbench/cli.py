@@ -165,9 +165,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         stream=args.stream, segment_size=args.segment_size, progress=_progress_logger() if args.verbose else None,
     )
     code = _verdict(EXIT_DIVERGED if result.failed else EXIT_OK)
+    _save_report_and_bundle(args, result)  # first: a bundle is refused if its destination appeared meanwhile
     if args.json:
         _write_json(result.to_json(), args.json)
-    _save_report_and_bundle(args, result)
     if args.json != "-":
         print(printable_lines(render(result)))
     return code
@@ -200,9 +200,7 @@ def _compare_dataset(args: argparse.Namespace) -> int:
         keep_fp32=args.keep_fp32 or None, isolate={"auto": None, "yes": True, "no": False}[args.isolate],
         timeout_s=args.timeout, progress=_progress_logger() if args.verbose else None)
     code = _verdict(EXIT_DIVERGED if result.failed else EXIT_OK)
-    if args.json:
-        _write_json(result.to_json(), args.json)
-    if args.bundle:
+    if args.bundle:  # first: a bundle is refused if its destination appeared meanwhile (nothing else written)
         from .dataset.bundle import save_dataset_bundle
 
         path = save_dataset_bundle(result, args.bundle, include_data=args.bundle_data,
@@ -213,6 +211,8 @@ def _compare_dataset(args: argparse.Namespace) -> int:
 
         write_dataset_report(result, args.report)
         _say(f"report written to {args.report}")
+    if args.json:
+        _write_json(result.to_json(), args.json)
     if args.json != "-":
         print(printable_lines(result.render()))
     return code

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..report.bundle import RESULTS, Bundle, BundleWriter
+from ..report.bundle import RESULTS, Bundle, BundleWriter, portable_result
 from ..report.env import diff_versions, package_versions
 from ..report.safety import BundleError, check_seal, confined, load_npz, read_json
 from ..textfmt import safe_name
@@ -74,7 +74,7 @@ def save_dataset_bundle(result: DatasetResult, dest: str | os.PathLike, *, inclu
 
             m["calibration"] = {"files": writer.add_feeds("calibration", feeds_from(opts.calibration_feeds))} \
                 if ro.get("explicit_calibration") else None
-        m["results"] = writer.add_json(RESULTS, result.to_json())
+        m["results"] = writer.add_json(RESULTS, portable_result(result.to_json()))
         return writer.commit()
     except BaseException:
         writer.abort()

@@ -95,7 +95,8 @@ class BundleWriter:
         if zip and dest.suffix.lower() != ".zip":
             dest = dest.with_name(dest.name + ".zip")
         if os.path.lexists(dest) and not overwrite:
-            raise BundleError(f"{dest} already exists", "pick a new destination or pass overwrite=True")
+            raise BundleError(f"{dest} already exists", "pick a new destination (another --bundle path; "
+                              "overwrite=True in Python)")
         dest.parent.mkdir(parents=True, exist_ok=True)
         self.dest, self.zip, self.overwrite = dest, zip, overwrite
         self.root = Path(tempfile.mkdtemp(prefix=temp_prefix(dest.name), suffix=".tmp", dir=dest.parent))
@@ -322,6 +323,8 @@ def save_bundle(
         raise BundleError("the model is unknown (a result read from JSON without a model path)",
                           "pass model= the .onnx file the comparison ran on")
     feed_list = feeds_from(feeds) if feeds is not None else result.used_feeds
+    if feeds is not None:
+        _check_same_feeds(feed_list, result)
     if not feed_list:
         raise BundleError("the feeds are unknown (a result read from JSON keeps no arrays)",
                           "pass feeds= the inputs the comparison ran on")
@@ -338,7 +341,7 @@ def save_bundle(
         m["engines"] = result.engines
         m["variant"] = {k: v for k, v in (result.variant or {}).items() if k != "tensor_map"}
         m["criterion"] = result.criterion.to_json()
-        m["feeds"] = {**(result.feeds or {}), "files": writer.add_feeds("inputs", feed_list)}
+        m["feeds"] = {**_portable_feeds(result.feeds), "files": writer.add_feeds("inputs", feed_list)}
         m["seeds"] = {"feeds": (result.feeds or {}).get("seed", opts.get("seed"))}
         calib = opts.get("calibration_feeds")
         m["calibration"] = None if calib is None else {"files": writer.add_feeds("calibration", feeds_from(calib))}
@@ -346,13 +349,58 @@ def save_bundle(
                                                                    {"reference": ref, "candidate": cnd}),
                          "feed": 0, "shape": list(np.shape(ref)), "dtype": [str(ref.dtype), str(cnd.dtype)]}
                         for i, (name, (ref, cnd)) in enumerate(values.items())]
-        m["results"] = writer.add_json(RESULTS, result.to_json())
+        m["results"] = writer.add_json(RESULTS, portable_result(result.to_json()))
         m["engine_graph"] = _engine_graph(writer, result, notes)
         m["notes"] = notes
         return writer.commit()
     except BaseException:
         writer.abort()
         raise
+
+
+def _check_same_feeds(given: list[dict], result: CompareResult) -> None:
+    """Feeds passed to save_bundle must be the ones the comparison ran on (else the bundle is born unable to
+    reproduce its own result): equal to ``result.used_feeds`` where the result holds them, else as many as it
+    records."""
+    used = result.used_feeds
+    hint = "pass the feeds the comparison ran on, or leave feeds= out (the result keeps them)"
+    if used is None:
+        count = (result.feeds or {}).get("count")
+        if count is not None and len(given) != count:
+            raise BundleError(f"save_bundle(): {len(given)} feed(s) given, the comparison ran on {count}", hint)
+        return
+    if len(given) != len(used):
+        raise BundleError(f"save_bundle(): {len(given)} feed(s) given, the comparison ran on {len(used)}", hint)
+    for i, (a, b) in enumerate(zip(given, used)):
+        if set(a) != set(b):
+            raise BundleError(f"save_bundle(): feed {i} has input(s) {', '.join(sorted(a))}, the comparison's "
+                              f"{', '.join(sorted(b))}", hint)
+        for name in a:
+            x, y = np.asarray(a[name]), np.asarray(b[name])
+            if x.shape != y.shape or x.dtype != y.dtype or not np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"):
+                raise BundleError(f"save_bundle(): feed {i} input {name!r} is not the array the comparison ran on",
+                                  hint)
+
+
+def portable_result(doc: dict) -> dict:
+    """A result JSON as a bundle stores it: file paths of the author's machine (the model's, the feeds') cut to
+    their names, so a bundle handed on does not carry the author's folder layout (the model travels as a file of
+    the bundle, its sha256 names it)."""
+    doc = dict(doc)
+    if isinstance(doc.get("model"), dict) and doc["model"].get("path"):
+        doc["model"] = {**doc["model"], "path": os.path.basename(str(doc["model"]["path"]))}
+    if isinstance(doc.get("feeds"), dict):
+        doc["feeds"] = _portable_feeds(doc["feeds"])
+    return doc
+
+
+def _portable_feeds(feeds: dict | None) -> dict:
+    """The feeds' provenance without the author's folders: a source path cut to its name."""
+    feeds = dict(feeds or {})
+    source = feeds.get("source")
+    if isinstance(source, str) and source not in ("random",) and (os.sep in source or "/" in source):
+        feeds["source"] = os.path.basename(source.rstrip("/" + os.sep))
+    return feeds
 
 
 def _engine_graph(writer: BundleWriter, result: CompareResult, notes: list[str]) -> dict | None:
@@ -655,6 +703,9 @@ def load_bundle(path: str | os.PathLike, *, trust_unsealed: bool = False) -> Bun
     else:
         regular_file(src, f"bundle {src.name}")  # a FIFO or a device would block or never end
         if not zipfile.is_zipfile(src):
+            if src.suffix.lower() == ".zip":
+                raise BundleError(f"{src} is not a readable .zip (truncated or damaged)",
+                                  "copy the bundle again from where it was made")
             raise BundleError(f"{src} is neither a bundle folder nor a .zip")
         tmp, manifest = open_zip(src, MANIFEST, lambda data: _check_manifest(
             parse_json(data, f"{src.name}: manifest.json", schema=SCHEMA), src.name, trust_unsealed))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compare.result import CompareResult
+from ..core import arguments
 from ..core.floats import decode_float, encode_float, encode_metrics
 from ..core.metric_info import METRICS
 from ..errors import WorkbenchError
@@ -57,6 +58,14 @@ def delta(before: Any, after: Any) -> float | None:
         return 0.0
     with_nan = math.isnan(before) or math.isnan(after)
     return math.nan if with_nan else float(after) - float(before)
+
+
+def changed(before: Any, after: Any) -> bool:
+    """Whether a metric's value moved: two NaNs are the same value; a value that appears, disappears or turns
+    non-numeric moved."""
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+        return not (math.isnan(before) and math.isnan(after)) and before != after
+    return before != after
 
 
 def _size(d: float | None) -> float:
@@ -221,6 +230,10 @@ class ResultDiff:
             from ..engine_graphs.diff import fusion_change, render_fusion_change
 
             out.append(render_fusion_change(fusion_change(ga, gb), self.labels).replace("\n", "; "))
+        sa, sb = self.before.model.get("sha256"), self.after.model.get("sha256")
+        if sa and sb and sa != sb:
+            out.append(f"the two results are of different models ({self.before.model.get('name')} and "
+                       f"{self.after.model.get('name')}): tensors are matched by name only")
         return out
 
     @property
@@ -244,14 +257,23 @@ class ResultDiff:
             b = ((self.after.precision or {}).get(side) or {}).get("precision")
             if a and b and a != b:
                 out[f"{side}_precision"] = [a, b]
+        for key in ("source", "seed", "count", "shapes", "ranges"):  # the inputs, where both record them
+            a, b = (self.before.feeds or {}).get(key), (self.after.feeds or {}).get(key)
+            if (self.before.feeds and self.after.feeds) and a != b:
+                out[f"feeds.{key}"] = [a, b]
+        for key, label in (("calibration_method", "method"), ("calibration_feeds", "feeds")):  # INT8 calibration
+            a = ((self.before.variant or {}).get("details") or {}).get(key)
+            b = ((self.after.variant or {}).get("details") or {}).get(key)
+            if (a is not None or b is not None) and a != b:
+                out[f"calibration.{label}"] = [a, b]
         return out
 
     def largest(self, n: int = 10, metric: str | None = None) -> list[TensorChange]:
         """Tensors whose ``metric`` changed most (infinite or NaN changes first), ties in topological order."""
         m = metric or self.metric
-        moved = [t for t in self.tensors if (t.change(m) or 0.0) != 0.0 or t.diverged_before != t.diverged_after
-                 or t.at_floor_before != t.at_floor_after]
-        moved.sort(key=lambda t: (-_size(t.change(m)), t.topo_index))
+        moved = [t for t in self.tensors if changed(t.before.get(m), t.after.get(m))
+                 or t.diverged_before != t.diverged_after or t.at_floor_before != t.at_floor_after]
+        moved.sort(key=lambda t: (-_size(t.change(m)) if t.change(m) is not None else -math.inf, t.topo_index))
         return moved[:n]
 
     def metrics_match(self, rel: float = 1e-4, abs_: float = 1e-9) -> bool:
@@ -261,7 +283,7 @@ class ResultDiff:
         for t in self.tensors:
             for k in set(t.before) | set(t.after):
                 a, b = t.before.get(k), t.after.get(k)
-                if a == b:
+                if not changed(a, b):  # equal, or NaN in both
                     continue
                 if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
                     return False
@@ -342,13 +364,17 @@ class ResultDiff:
         if self.only_before or self.only_after:
             lines.append(f"tensors only in {a}: {len(self.only_before)}, only in {b}: {len(self.only_after)}")
         moved = self.largest(top)
+        total = len(self.largest(len(self.tensors)))
+        if total > len(moved):
+            lines.append(f"per-tensor {m}: {total} tensor(s) changed" + (f", the {len(moved)} largest below"
+                                                                          if moved else " (--top 0 lists none)"))
         if moved:
             lines += ["", f"largest {m} changes:", table(
                 ["#", "tensor", "op_type", a, b, "change", "diverged"],
                 [[t.topo_index, t.tensor, t.op_type, fmt(t.before.get(m), m), fmt(t.after.get(m), m),
                   _fmt_change(t.change(m), m), f"{'yes' if t.diverged_before else 'no'} -> "
                   f"{'yes' if t.diverged_after else 'no'}"] for t in moved])]
-        else:
+        elif not total:
             lines.append(f"per-tensor {m}: no change")
         lines += [f"note: {safe_name(n)}" for n in self.notes]
         return "\n".join(lines)
@@ -363,6 +389,7 @@ def _fmt_change(d: float | None, metric: str) -> str:
     return f"{d:+.3g}{unit}"
 
 
+@arguments.checked(before=lambda _name, _value: None, after=lambda _name, _value: None)
 def diff_results(before: Any, after: Any, *, metric: str | None = None,
                  labels: tuple[str, str] = ("before", "after"), trust_unsealed: bool = False) -> ResultDiff:
     """Compare two results (CompareResult objects, results JSON files or bundles; bundles without a seal only when

@@ -108,7 +108,8 @@ def extract(zf: zipfile.ZipFile, entries: dict[str, zipfile.ZipInfo], dest: Path
     need = sum(i.file_size for i in entries.values())
     free = shutil.disk_usage(dest).free
     if need + DISK_MARGIN > free:
-        raise BundleError(f"{name} unpacks to {_gib(need)} but only {_gib(free)} is free in {dest.parent}",
+        raise BundleError(f"{name} unpacks to {_gib(need)} and needs {_gib(DISK_MARGIN)} spare, but only "
+                          f"{_gib(free)} is free in {dest.parent}",
                           "free some space, or unzip the bundle yourself and pass the folder")
     base = dest.resolve()
     for rel, info in entries.items():
