@@ -45,8 +45,14 @@ def test_calibration_data_holding_inf_is_refused_not_passed_off_as_int8(tmp_path
         np.savez(tmp_path / f"{i}.npz", **feed)
     outs = [tmp_path / "q.onnx", tmp_path / "c.cache"]
     code, _, err = _cli(capsys, "calibrate", MODEL, "--data", tmp_path, "--qdq", outs[0], "--cache", outs[1])
-    assert code == 2 and "nothing was quantized" in err and len(err.strip().splitlines()) == 1
-    assert not any(p.exists() for p in outs)  # the QDQ export goes first: nothing written
+    assert code == 2 and "no tensor has a usable INT8 range (9 left out: x holds NaN/inf" in err  # streamed
+    assert len(err.strip().splitlines()) == 1 and not any(p.exists() for p in outs)  # nothing written
+    report = calibrate(MODEL, _with_inf())
+    assert any("the calibration data itself holds NaN or +inf in input(s) x" in n for n in report.notes)
+    for export in (lambda: report.write_trt_cache(tmp_path / "c2.cache"), lambda: report.to_qdq(),
+                   lambda: report.write_ort_table(tmp_path / "t")):
+        with pytest.raises(WorkbenchError, match=r"holds NaN or \+inf in input"):
+            export()
     code, out, err = _cli(capsys, "compare", MODEL, "--cand", "ort:int8", "--calib", tmp_path)
     assert code == 2 and "nothing was quantized" in err and "verdict" not in out
 

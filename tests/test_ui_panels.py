@@ -58,6 +58,18 @@ def test_workbench_takes_a_modelproto_and_a_torch_module():
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     wb = Workbench(net, example_inputs=(torch.randn(1, 4),))
     assert wb.state.model.source == "torch" and "Gemm" in wb.model_panel.ops_table.value
+    # the torch engine runs the module itself, in Compare and in Repair
+    wb = Workbench(net.eval(), example_inputs=(torch.randn(2, 4),), reference="torch")
+    compare = wb.compare_panel
+    compare.run()
+    assert compare.wait(120) and compare.jobs.error is None, compare.jobs.status.value
+    result = wb.state.result
+    assert result.reference == "torch" and result.engines["reference"]["engine"] == "torch"
+    assert "torch module" in str(result.precision["reference"])  # read from the module, not from its export
+    repair = wb.show("repair")
+    repair.run()
+    assert repair.wait(240) and repair.jobs.error is None, repair.jobs.status.value
+    assert "target MET" in repair.summary.value
 
 
 def test_a_bad_model_is_a_message_not_an_exception(tmp_path):
@@ -66,6 +78,8 @@ def test_a_bad_model_is_a_message_not_an_exception(tmp_path):
     wb = Workbench(bad)
     assert "wb-error" in wb.header.value and "loading the model failed" in wb.header.value
     assert wb.state.model is None
+    wrong = Workbench(42)  # the user's mistake, named, not an internal error
+    assert "load_model(): source must be a path" in wrong.header.value and "internal error" not in wrong.header.value
 
 
 @pytest.mark.parametrize("kwargs, used, says", [

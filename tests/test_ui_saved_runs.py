@@ -156,3 +156,11 @@ def test_calibration_dataset_and_repair_runs_are_reopened(runs, tmp_path):
     assert fresh.repair_panel.result.to_json() == originals["repair"].to_json() | {
         "bundle": fresh.repair_panel.result.bundle}
     assert fresh.state.current_run("repair").tag in fresh.repair_panel.summary.value
+    # a reopened run keeps its numbers, not its readers: its worst sample and its QDQ export say so in one line
+    worst = fresh.dataset_panel.result.samples[0]["index"]
+    assert fresh.dataset_panel.open_sample(worst) is None
+    assert "reopened from disk" in fresh.dataset_panel.sample_note.value
+    cal = fresh.calibration_panel
+    assert cal.qdq_button.disabled and "Calibrate again to save its QDQ model" in cal.export_note.value
+    assert not cal.cache_button.disabled and cal.export_cache() is not None  # the ranges suffice for the cache
+    assert "TensorRT cache written" in cal.export_note.value and "wb-download" in cal.export_note.value

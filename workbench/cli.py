@@ -347,8 +347,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         path = report.write_trt_cache(args.cache, version=args.cache_version)
         written.append(f"TensorRT calibration cache ({report.method}: {report.rule(report.method)}): {path}{out_of}")
     if args.ort_table:
-        written += [f"ORT calibration table ({report.method}): {p}{out_of}"
-                    for p in report.write_ort_table(args.ort_table)]
+        written += [f"ORT calibration table ({report.method}): {p}{out_of if i == 0 else ''}"
+                    for i, p in enumerate(report.write_ort_table(args.ort_table))]
         hints.append(f"ONNX Runtime loads calibration.json with quantize_static(..., calibrate_method="
                      f"CalibrationMethod.{report.ort_method()}, calibration_cache_path=...)")
     if args.report:

@@ -104,6 +104,11 @@ def calibrate(
     tensors = [t for t in tensors if t in calib.histograms]
     hists = calib.histograms
     nonfinite = [t for t in tensors if hists[t].nonfinite]
+    bad_inputs = _broken_inputs(feeds, {t for t in nonfinite})
+    if bad_inputs:  # broken data (an additive mask holds -inf, never NaN or +inf): its tensors are non-finite too
+        notes.append(f"the calibration data itself holds NaN or +inf in input(s) {', '.join(bad_inputs)}: every "
+                     "tensor computed from them is left out of the ranges, and the exports (TensorRT cache, ORT "
+                     "table, QDQ model) are refused -- drop or fix the samples that hold them")
     if nonfinite:
         notes.append(f"{len(nonfinite)} tensor(s) hold NaN/inf ({', '.join(nonfinite[:3])}); those values are "
                      "counted apart and left out of ranges and errors, and the TensorRT cache and ORT table leave "
@@ -152,6 +157,7 @@ def calibrate(
                 "ort_entropy_bins": ort_entropy_bins, "ort_quantized_bins": QUANTIZED_BINS,
                 "feeds": len(feeds), "eval_feeds": len(eval_feeds) if eval_feeds else 0, "seed": seed,
                 "memory_budget": budget, "chunks": calib.chunks, "input_shapes": shapes or None,
+                "nonfinite_inputs": bad_inputs,
                 **({"data": _provenance(feeds)} if isinstance(feeds, FeedStream) else {})},
         skipped=calib.skipped, notes=notes, timing=timing, source_model=loaded,
         sample_feeds=(eval_feeds or feeds)[:SAMPLE_FEEDS], used_feeds=feeds, used_eval_feeds=eval_feeds,
@@ -276,3 +282,17 @@ def _sub(progress, span: tuple[float, float]):
     if progress is None:
         return None
     return lambda fraction, message: progress(span[0] + (span[1] - span[0]) * fraction, message)
+
+
+def _broken_inputs(feeds: Any, nonfinite: set[str]) -> list[str]:
+    """Inputs (of those holding non-finite values) where a feed held NaN or +inf: broken data, unlike the -inf of
+    an additive attention mask. Feeds streamed from a dataset are not read again: none."""
+    if not isinstance(feeds, list) or not nonfinite:
+        return []
+    out: set[str] = set()
+    for feed in feeds:
+        for name, value in feed.items():
+            a = np.asarray(value)
+            if name in nonfinite and a.dtype.kind == "f" and (np.isnan(a).any() or np.isposinf(a).any()):
+                out.add(name)
+    return sorted(out)

@@ -138,6 +138,23 @@ class CalibrationReport:
         left = self.left_out(method)
         return {t: a for t, a in self.ranges[self._method(method)].items() if t not in left}
 
+    def check_exportable(self, method: str | None = None) -> dict[str, float]:
+        """:meth:`usable_ranges`, refused (one :class:`CalibrationError`) when the calibration data itself held
+        NaN/inf in a graph input, or when no tensor has a usable range: an export would be empty or built on
+        broken data while saying it was written."""
+        bad = self.config.get("nonfinite_inputs") or []
+        if bad:
+            raise CalibrationError(f"the calibration data holds NaN or +inf in input(s) {', '.join(bad)}: no "
+                                   "export is written from it", "drop or fix the samples that hold them, and "
+                                   "calibrate again")
+        usable = self.usable_ranges(method)
+        if not usable:
+            left = self.left_out(method)
+            raise CalibrationError(f"no tensor has a usable INT8 range ({len(left)} left out: "
+                                   + ", ".join(f"{t} {why}" for t, why in list(left.items())[:3]) + ")",
+                                   "calibrate on data where the tensors vary and stay finite")
+        return usable
+
     def left_out(self, method: str | None = None) -> dict[str, str]:
         """{tensor: why} for tensors no INT8 scale fits under ``method``: those holding NaN/inf on the calibration
         data (a scale from their finite values would clip an additive -inf mask to a finite value, and the QDQ
@@ -210,7 +227,7 @@ class CalibrationReport:
         from .formats import TRT_ALGORITHMS, TrtCache
 
         method = self._method(method)
-        ranges = self.usable_ranges(method)
+        ranges = self.check_exportable(method)
         left = self.left_out(method)
         if left:
             log.info("%d tensor(s) left out of the cache: %s", len(left), list(left.items())[:5])
@@ -228,6 +245,7 @@ class CalibrationReport:
         labelled with :meth:`ort_method`: pass it as quantize_static's calibrate_method to load the file)."""
         from .formats import write_ort_table
 
+        self.check_exportable(method)
         return write_ort_table(folder, self.usable_bounds(method), self.ort_method(method))
 
     def ort_method(self, method: str | None = None) -> str:
@@ -320,6 +338,7 @@ class CalibrationReport:
         loaded, feeds = self._sources(model, feeds)
         if key is not None and key in self._variants:
             return self._variants[key], loaded, feeds
+        self.check_exportable(method)
         ranges = self.usable_bounds(method)
         variant = to_int8(loaded.proto, feeds, per_channel=per_channel, method="minmax", ranges=ranges)
         rule = (("workbench.calibration.method", method), ("workbench.calibration.rule", self.rule(method)))

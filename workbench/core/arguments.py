@@ -150,6 +150,19 @@ RULES: dict[str, Rule] = {
 }
 
 
+class BadArgumentType(TypeError):
+    """A caller passed an argument of the wrong kind (named by function and argument): the user's mistake, not
+    an internal error (the notebook shows it as one plain line)."""
+
+    user_error = True
+
+
+class BadArgumentValue(ValueError):
+    """A caller passed an argument out of range (see :class:`BadArgumentType`)."""
+
+    user_error = True
+
+
 def checked(**extra: Rule | type | tuple[type, ...]) -> Callable:
     """Decorator: check the arguments a call passes by their names (:data:`RULES`, plus ``extra``: a rule, or a
     type / tuple of types the value must be an instance of)."""
@@ -171,13 +184,14 @@ def checked(**extra: Rule | type | tuple[type, ...]) -> Callable:
                 rule = rules.get(name)
                 param = sig.parameters.get(name)
                 if rule is not None and value is None and param is not None and param.default is param.empty:
-                    raise TypeError(f"{fn.__name__}(): {name} is required, not None")
+                    raise BadArgumentType(f"{fn.__name__}(): {name} is required, not None")
                 if rule is None or value is None:  # None: "not given" throughout the API (the function decides)
                     continue
                 try:
                     rule(name, value)
                 except (TypeError, ValueError) as e:
-                    raise type(e)(f"{fn.__name__}(): {e}") from None
+                    bad = BadArgumentType if isinstance(e, TypeError) else BadArgumentValue
+                    raise bad(f"{fn.__name__}(): {e}") from None
             return fn(*args, **kwargs)
 
         return call

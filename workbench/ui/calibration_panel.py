@@ -79,7 +79,8 @@ class CalibrationPanel(widgets.VBox):
                                                        description="ORT entropy bins",
                                                        style={"description_width": "initial"},
                                                        layout=widgets.Layout(width="200px"))
-        self.seed = widgets.IntText(value=0, description="seed", layout=widgets.Layout(width="150px"))
+        self.seed = widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="seed",
+                                           layout=widgets.Layout(width="150px"))
         self.run_button = widgets.Button(description="Calibrate", icon="play", button_style="primary")
         self.run_button.on_click(lambda _: self.run())
         self.jobs = JobControls(locks=[self.run_button])
@@ -99,6 +100,8 @@ class CalibrationPanel(widgets.VBox):
         self.qdq_path = widgets.Text(description="QDQ model", layout=widgets.Layout(width="560px"))
         self.qdq_button = widgets.Button(description="Save QDQ model", icon="save", disabled=True)
         self.export_note = widgets.HTML()
+        self._offers: dict[str, str] = {}  # export kind -> its message and link, for the report shown
+        self._offers_for = None
         self.export_jobs = JobControls(locks=[self.run_button])  # one job at a time: none mid-export
         self.cache_button.on_click(lambda _: self.export_cache())
         self.qdq_button.on_click(lambda _: self.export_qdq())
@@ -198,8 +201,19 @@ class CalibrationPanel(widgets.VBox):
 
     def _refresh(self) -> None:
         report = self.state.calibration
+        if report is not self._offers_for:  # the exports of an earlier report go with it
+            self._offers, self._offers_for = {}, report
+            self.export_note.value = ""
         ready = report is not None
         self.cache_button.disabled = self.qdq_button.disabled = not ready
+        if ready and (report.source_model is None or not report.sample_feeds):  # reopened: read from JSON
+            self.qdq_button.disabled = True
+            self.qdq_button.tooltip = "a reopened calibration keeps no feeds to quantize with: calibrate again"
+            self._offer("qdq", message_html("a reopened calibration keeps its ranges, not its model and feeds: "
+                                            "Calibrate again to save its QDQ model (the TensorRT cache can be "
+                                            "written from the ranges)", "info"))
+        else:
+            self.qdq_button.tooltip = ""
         if not ready:
             run = self.state.current_run("calibration")
             self.summary.value = message_html(
@@ -262,6 +276,10 @@ class CalibrationPanel(widgets.VBox):
         show_figure(self.histogram, fig)
 
     # --- export ----------------------------------------------------------------------------------------------
+    def _inputs(self) -> dict[str, str]:
+        """The typed data paths an export may not overwrite."""
+        return {"the calibration data": self.data_path.value, "the evaluation data": self.eval_path.value}
+
     def export_cache(self):
         """Write the TensorRT calibration cache (the chosen rule's thresholds) to the typed path."""
         report = self.state.calibration
@@ -269,15 +287,25 @@ class CalibrationPanel(widgets.VBox):
             return None
         method = self.export_method.value
         try:
-            path = self.state.resolve_output(self.cache_path.value, "model.calib.cache")
+            path = self.state.resolve_output(self.cache_path.value, "model.calib.cache", what="the cache path",
+                                             inputs=self._inputs())
             written = report.write_trt_cache(path, method)
         except Exception as e:  # noqa: BLE001 - shown in the panel
-            self.export_note.value = error_html(e, "writing the cache")
+            self._offer("cache", error_html(e, "writing the cache"))
             return None
-        self.export_note.value = message_html(
-            f"TensorRT cache written with '{method}' ({report.rule(method)}) thresholds: {written}", "ok") + \
-            download_html(written, "Download the TensorRT cache", show_path=False)
+        self._offer("cache", message_html(
+            f"{self._tag(report)}TensorRT cache written with '{method}' ({report.rule(method)}) thresholds: "
+            f"{written}", "ok") + download_html(written, "Download the TensorRT cache", show_path=False))
         return written
+
+    def _tag(self, report) -> str:
+        run = self.state.run_of(report)
+        return f"{run.tag}: " if run is not None else ""
+
+    def _offer(self, kind: str, text: str) -> None:
+        """Show ``text`` for export ``kind`` ("cache", "qdq") beside the other export's (each keeps its link)."""
+        self._offers[kind] = text
+        self.export_note.value = "".join(self._offers[k] for k in ("cache", "qdq") if k in self._offers)
 
     def export_qdq(self):
         """Save the QDQ INT8 model (the chosen rule's ranges) to the typed path, on a thread."""
@@ -286,9 +314,10 @@ class CalibrationPanel(widgets.VBox):
             return None
         method = self.export_method.value
         try:
-            path = self.state.resolve_output(self.qdq_path.value, "model.int8.qdq.onnx")
+            path = self.state.resolve_output(self.qdq_path.value, "model.int8.qdq.onnx", what="the QDQ model path",
+                                             inputs=self._inputs())
         except Exception as e:  # noqa: BLE001 - shown in the panel
-            self.export_note.value = error_html(e, "saving the QDQ model")
+            self._offer("qdq", error_html(e, "saving the QDQ model"))
             return None
 
         def work(progress, _cancel):
@@ -296,9 +325,11 @@ class CalibrationPanel(widgets.VBox):
             return report.save_qdq(path, method)
 
         def done(written):
-            self.export_note.value = message_html(
-                f"QDQ model saved with '{method}' ({report.rule(method)}) ranges: {written}", "ok") + \
-                download_html(Path(written), "Download the QDQ model", show_path=False)
+            if self.state.calibration is not report:  # a new calibration came meanwhile: this export is its past
+                return
+            self._offer("qdq", message_html(
+                f"{self._tag(report)}QDQ model saved with '{method}' ({report.rule(method)}) ranges: {written}",
+                "ok") + download_html(Path(written), "Download the QDQ model", show_path=False))
 
         return self.export_jobs.start("QDQ export", work, done)
 

@@ -359,9 +359,11 @@ class ComparePanel(PairedPanel, widgets.VBox):
         self.show_result(None)
         self.summary.value = message_html(f"{run.tag}: comparing {what}...", "info")
 
+        model, module_kwargs = self.state.model_for(reference, candidate)  # a torch engine runs the module
+
         def work(progress, cancel):
             return compare(model, reference, candidate, mode=mode, criterion=criterion, progress=progress,
-                           cancel=cancel, cand_model=cand_file, **options)
+                           cancel=cancel, cand_model=cand_file, **module_kwargs, **options)
 
         def done(result):
             self.state.selected = ""
@@ -443,7 +445,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
         if result is None:
             return None
         try:
-            path = self.state.resolve_output(self.save_path.value, "result.json")
+            path = self.state.resolve_output(self.save_path.value, "result.json", what="the result JSON path")
             written = result.save_json(path)
             link = download_html(written, "Download the result JSON", show_path=False)
         except Exception as e:  # noqa: BLE001 - shown in the panel

@@ -27,7 +27,7 @@ from ..errors import InputError
 from .engine_pair import EnginePair, PairedPanel
 from .figures import clear, figure_widget, show_figure
 from .jobs import JobControls
-from .messages import error_html, fallback_repr, message_html
+from .messages import error_html, error_text, fallback_repr, message_html
 from .state import WorkbenchState
 from .style import heading, style_tag
 from .tables import fmt, table_html
@@ -292,7 +292,7 @@ class DatasetPanel(PairedPanel, widgets.VBox):
 
         def failed(e):
             cancelled = self.jobs.cancelled
-            self.state.end_run(run, "cancelled" if cancelled else "failed", error=str(e))
+            self.state.end_run(run, "cancelled" if cancelled else "failed", error=error_text(e))
             self.show_result(None)
             said = "cancelled" if cancelled else "failed (the reason is above)"
             self.summary.value = message_html(f"{run.tag}, the dataset comparison of {what}, {said}: no current "
@@ -325,8 +325,13 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         if row is None:
             self.sample_note.value = message_html(f"no sample #{index} in this result", "warn")
             return None
-        run = result.run_options
+        run = result.run_options or {}
         dataset, model, cand_model = run.get("dataset"), run.get("model"), run.get("cand_model")
+        if dataset is None or model is None:  # a run reopened from disk keeps its numbers, not its data reader
+            self.sample_note.value = message_html(
+                f"sample #{index} cannot be opened from this run: it was reopened from disk and keeps its results, "
+                "not the dataset reader -- run the dataset again to open its samples", "warn")
+            return None
         defaults = CompareOptions()
         options = (run.get("options") or defaults).replace(culprits=defaults.culprits, impact=defaults.impact)
         reference, candidate = result.reference, result.candidate

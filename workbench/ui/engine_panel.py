@@ -17,7 +17,7 @@ from ..plots.engine_graph import slowest_layers
 from .figures import clear, show_figure
 from .inputs_box import shapes_placeholder
 from .jobs import JobControls
-from .messages import error_html, fallback_repr, message_html
+from .messages import error_html, error_text, fallback_repr, message_html
 from .state import WorkbenchState
 from .style import heading, style_tag
 from .tables import kv_html, table_html
@@ -95,7 +95,7 @@ class EnginePanel(widgets.VBox):
             self.show(graph)
 
         def failed(e):
-            self.state.end_run(run, "cancelled" if self.jobs.cancelled else "failed", error=str(e))
+            self.state.end_run(run, "cancelled" if self.jobs.cancelled else "failed", error=error_text(e))
             self.message.value = error_html(e, f"{run.tag}, inspecting {spec}")
 
         return self.jobs.start("engine graph", work, done, failed)

@@ -25,13 +25,16 @@ def error_text(exc: BaseException) -> str:
     said = os_error_text(exc)  # a path or disk the user gave: not an internal error
     if said is not None:
         return said
+    if getattr(exc, "user_error", False):  # a checked argument (core.arguments): the message names it
+        return str(exc)
     return f"internal error ({type(exc).__name__}: {exc}); the kernel log has the details"
 
 
 def error_html(exc: BaseException, what: str = "") -> str:
     from ..errors import Cancelled, WorkbenchError, os_error_text
 
-    if not isinstance(exc, (WorkbenchError, Cancelled)) and os_error_text(exc) is None:
+    if not isinstance(exc, (WorkbenchError, Cancelled)) and os_error_text(exc) is None \
+            and not getattr(exc, "user_error", False):
         log.error("%s failed", what or "a task", exc_info=exc)
     prefix = f"{what} failed: " if what else ""
     return message_html(prefix + error_text(exc), "error")

@@ -158,8 +158,10 @@ class RepairPanel(PairedPanel, widgets.VBox):
         if self._problems:
             raise InputError(self._problems[0], "pick engines that run here")
         model = self.state.require_model()
+        source, module_kwargs = self.state.model_for(self.reference, self.candidate)  # a torch engine: the module
         cand_model = self.candidate_file()
-        return {"model": model, "reference": self.reference, "candidate": self.candidate, "cand_model": cand_model,
+        return {"model": model, "source": source, "module_kwargs": module_kwargs, "reference": self.reference,
+                "candidate": self.candidate, "cand_model": cand_model,
                 "feed_options": self.inputs.feed_options(), "target": self.target.value.strip() or None,
                 "metric": self.metric.value.strip() or None}
 
@@ -186,9 +188,9 @@ class RepairPanel(PairedPanel, widgets.VBox):
         def work(progress, cancel):
             folder = Path(tempfile.mkdtemp(prefix="repair-", dir=parent))
             try:
-                result = repair(o["model"], o["reference"], o["candidate"], cand_model=o["cand_model"],
+                result = repair(o["source"], o["reference"], o["candidate"], cand_model=o["cand_model"],
                                 target=o["target"], metric=o["metric"], out=folder / stem, max_builds=max_builds,
-                                progress=progress, cancel=cancel, **o["feed_options"])
+                                progress=progress, cancel=cancel, **o["module_kwargs"], **o["feed_options"])
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise

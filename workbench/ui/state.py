@@ -5,6 +5,7 @@ calibration and engine graph, the selected node."""
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,13 @@ class WorkbenchState(HasTraits):
 
     def load(self, source: Any, **load_kwargs: Any) -> None:
         """Load a model (see :func:`workbench.load_model`); clears results made on the previous one."""
+        from ..model.load import is_torch_module
         from .inputs_box import shapes_template
 
         model = load_model(source, **load_kwargs)
+        # a torch.nn.Module is kept beside its export: the torch engines run the module itself
+        self.module = source if is_torch_module(source) else None
+        self.example_inputs = load_kwargs.get("example_inputs") if self.module is not None else None
         self.inspection = None
         self.result = None
         self.calibration = None
@@ -172,11 +177,33 @@ class WorkbenchState(HasTraits):
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def resolve_output(self, typed: str, default_name: str) -> Path:
-        """An absolute output path: ``typed`` as given when absolute (``~`` expanded), else under :meth:`out_dir`."""
+    def model_for(self, *specs: Any) -> tuple[Any, dict[str, Any]]:
+        """(model, extra keyword arguments) for a run of ``specs``: the torch.nn.Module this state was loaded from
+        (with its ``example_inputs``) when a side runs a torch engine, else the loaded model."""
+        from ..engines.spec import EngineSpec
+
+        module = getattr(self, "module", None)
+        if module is not None and any(EngineSpec.parse(str(s)).engine in ("torch", "torch-cuda") for s in specs):
+            return module, {"example_inputs": self.example_inputs}
+        return self.require_model(), {}
+
+    def resolve_output(self, typed: str, default_name: str, *, what: str | None = None,
+                       inputs: dict[str, Any] | None = None) -> Path:
+        """An absolute output path: ``typed`` as given when absolute (``~`` expanded), else under :meth:`out_dir`.
+        With ``what`` (how messages name it, e.g. "the cache path"), a file output is checked as the CLI checks
+        its outputs: refused (one :class:`WorkbenchError`) when it is the loaded model or one of its weight files,
+        a file of ``inputs`` ({label: path}, e.g. the calibration data), a folder, or not writable."""
         text = (typed or "").strip()
         path = Path(text).expanduser() if text else Path(default_name)
-        return path if path.is_absolute() else self.out_dir() / path
+        path = path if path.is_absolute() else self.out_dir() / path
+        if what is not None:
+            from ..core.paths import Output, check_outputs
+
+            model = getattr(self.model, "path", None)
+            check_outputs([Output(what, str(path))], models={"the loaded model": model} if model else {},
+                          inputs={k: v for k, v in (inputs or {}).items() if isinstance(v, (str, os.PathLike))
+                                  and str(v).strip()})
+        return path
 
 
 #: the state trait holding the current value of a kind of run, and back
