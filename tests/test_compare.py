@@ -50,6 +50,30 @@ def test_metrics_match_independent_numpy():
         assert exact[k] == pytest.approx(v, rel=1e-9), k
 
 
+def test_huge_finite_values_give_a_number_and_a_failing_verdict(tmp_path, capsys):
+    """float32 values past ~1e19 square past float32's range: the SQNR is still measured (float64 sums), and
+    a metric that is not a number never passes a criterion."""
+    rng = np.random.default_rng(0)
+    ref = (rng.standard_normal(64) * 1e20).astype(np.float32)
+    cand = (ref * np.float32(0.5)).astype(np.float32)
+    m = compute_metrics(ref, cand)
+    assert m["sqnr_db"] == pytest.approx(numpy_metrics(ref, cand)["sqnr_db"], rel=1e-6)  # 6.02 dB
+    assert Criterion.parse("sqnr_db<30").fails({"sqnr_db": math.nan})
+    # the converter clamps a 1e20 scale to 65504: every output is wrong by ~1e15 -- DIVERGED, not "ok"
+    w = onnx.numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W")
+    c = onnx.numpy_helper.from_array(np.array([1e20], np.float32), "C")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "W"], ["y"], name="mm"),
+         onnx.helper.make_node("Mul", ["y", "C"], ["z"], name="scale")], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16])],
+        [onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 16])], [w, c])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "huge.onnx")
+    assert main(["compare", str(tmp_path / "huge.onnx"), "--cand", "ort:fp16"]) == 1
+    captured = capsys.readouterr()
+    assert "verdict: DIVERGED" in captured.out and "RuntimeWarning" not in captured.err
+
+
 def test_nonfinite_aware_metrics():
     ref = np.array([1.0, -np.inf, 2.0, np.nan, 3.0, 4.0])
     cand = np.array([1.1, -np.inf, np.inf, np.nan, np.nan, 4.0])
@@ -292,3 +316,18 @@ def test_torch_module_against_its_onnx_export():
     assert result.culprits[0].received["sqnr_db"] == math.inf  # fed the same graph input
     with pytest.raises(Exception, match="torch.nn.Module"):
         compare(SAMPLES / "healthy_cnn.onnx", "torch", "ort")
+
+
+def test_the_numbers_do_not_depend_on_the_memory_budget():
+    """ONNX Runtime fuses across unmarked tensors (FP32 Gelu, FP16 Cast pairs): a chunked comparison marks every
+    tensor in each chunk's runs, as one chunk does, so every tensor's metrics are those of the unchunked run;
+    where one feed's values of every tensor would not fit, a note says the numbers may differ."""
+    model, feeds = SAMPLES / "transformer_block.onnx", SAMPLES / "transformer_block_inputs.npz"
+    whole = compare(model, "ort", "ort:fp16", feeds=feeds, stream="off")
+    chunked = compare(model, "ort", "ort:fp16", feeds=feeds, stream="off", memory_budget="520K")
+    assert any("compared in 2 chunks" in n for n in chunked.notes)
+    assert {t.tensor: t.metrics for t in chunked.tensors} == {t.tensor: t.metrics for t in whole.tensors}
+    assert chunked.diverged == whole.diverged
+    tight = compare(model, "ort", "ort:fp16", feeds=feeds, stream="off", memory_budget="300K")
+    assert any("each chunk marks only its own tensors" in n for n in tight.notes)
+

@@ -268,14 +268,44 @@ def test_cli_repairs_a_users_own_fp16_file_and_its_bundle_reruns(tmp_path, capsy
     assert main(["rerun", str(bundle)]) == 0
 
 
+def test_a_graph_output_past_fp16_is_repaired_by_keeping_its_last_node(tmp_path):
+    """The converter casts an FP16 output back to FP32 for the graph output: the kept node's FP32 value feeds
+    that Cast directly (cast down to FP16 first, 1.7e5 would stay inf)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), "W1")
+    w2 = numpy_helper.from_array((rng.standard_normal((32, 8)) * 3000).astype(np.float32), "W2")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["a"], name="mm1"),
+         helper.make_node("Relu", ["a"], ["r"], name="relu"),
+         helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w1, w2])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              tmp_path / "big.onnx")
+    res = repair(str(tmp_path / "big.onnx"), "ort", "ref:fp16", out=tmp_path / "fixed.onnx", feed_count=4)
+    assert res.met and "mm2" in res.kept, res.render()
+    feed = {"x": rng.standard_normal((1, 32)).astype(np.float32)}
+    want = ort.InferenceSession(str(tmp_path / "big.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    from onnx.reference import ReferenceEvaluator  # FP16 arithmetic as written, where it is FP16
+
+    got = ReferenceEvaluator(str(tmp_path / "fixed.onnx")).run(None, feed)[0]
+    assert np.abs(want).max() > 65504 and np.isfinite(got).all()
+    assert 10 * np.log10((want.astype(np.float64) ** 2).sum() / ((want - got).astype(np.float64) ** 2).sum()) > 30
+
+
 @pytest.mark.parametrize("args, message", [
     (["--nodes", "/no/such/node"], "not in the candidate"),
     (["--metric", "no_such_module_xyz:fn"], "cannot import metric module"),
     (["--metric", "json:no_such_function"], "has no function"),
     (["--target", "sqnr_db>30"], "criterion"),
+    (["--target", ">=0.99"], "no --metric is given"),
+    (["--metric", "{tmp}/huge.py:huge", "--target", ">=1"], "a number past float's range"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
-    code = main(["repair", str(CLAMP), "--out", str(tmp_path / "fixed.onnx"), *args])
+    (tmp_path / "huge.py").write_text("def huge(ref, cand):\n    return 10 ** 400\n")
+    code = main(["repair", str(CLAMP), "--out", str(tmp_path / "fixed.onnx"), *[a.format(tmp=tmp_path) for a in args]])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "fixed.onnx").exists()

@@ -17,7 +17,9 @@ def render(result: Inspection) -> str:
     lines = [
         f"{printable(m['name'])}  sha256 {m['sha256'][:16]}  IR {doc['ir_version']}  "
         f"producer {doc['producer']['name'] or '?'} {doc['producer']['version']}".rstrip(),
-        f"nodes: {doc['nodes']} ({doc['nodes_total']} with subgraphs)   "
+        f"nodes: {doc['nodes']}"
+        + (f" ({doc['nodes_total']} with those of its subgraphs)" if doc["nodes_total"] != doc["nodes"] else "")
+        + "   "
         f"params: {doc['params']['count']:,} ({human_bytes(doc['params']['bytes'])})",
         "opsets: " + ", ".join(f"{d} {v}" for d, v in sorted(doc["opset_imports"].items())),
     ]

@@ -106,8 +106,10 @@ class Criterion:
         if self.atol > 0 and metrics.get("max_abs") is not None and metrics["max_abs"] <= self.atol:
             return False
         value = metrics.get(self.metric)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
+        if value is None:  # nothing measured (no position finite on both sides): the non-finite count decides
             return False
+        if isinstance(value, float) and math.isnan(value):  # measured, but not a number: never a pass
+            return True
         return value < self.threshold if self.metric in HIGHER_IS_BETTER else value > self.threshold
 
     def diverged(self, metrics: dict, floor: dict | None = None) -> bool:

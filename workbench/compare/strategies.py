@@ -194,6 +194,10 @@ def run_all(ctx: Context) -> Measured:
     n_feeds = len(plan.feeds)
     # the reference values of every feed are kept through a chunk, plus one feed's candidate values
     groups = list(chunks([p.tensor for p in plan.pairs], sizes, max(1, ctx.budget // (n_feeds + 2))))
+    every = _mark_every_chunk(ctx, groups, sizes)
+    if every:  # one feed's values of every tensor (a run's, then dropped), plus each chunk's kept over the feeds
+        total = sum(sizes.get(p.tensor) or 0 for p in plan.pairs)
+        groups = list(chunks([p.tensor for p in plan.pairs], sizes, max(1, (ctx.budget - total) // (n_feeds + 1))))
     by_ref = plan.pair_by_tensor
     if len(groups) > 1:
         ctx.notes.append(f"{len(plan.pairs)} tensors compared in {len(groups)} chunks to stay under the memory "
@@ -210,16 +214,18 @@ def run_all(ctx: Context) -> Measured:
         if iso is not None and iso.skipped:
             log.info("%d tensors not isolated", len(iso.skipped))
         need = set(group) | (set(iso.boundary.values()) if iso else set())
-        marked = sorted(need - plan.ref_inputs)
+        marked = sorted((need | ({p.tensor for p in plan.pairs} if every else set())) - plan.ref_inputs)
         with Ticker(span, 0.0, 0.3, f"{where}: reference engine") as tick:
             refs = _run_side(ctx, plan.ref_engine, plan.ref_model, marked, plan.feeds, reference=True,
-                             step=_FeedSteps(tick, 0.0, 0.3, f"{where}: reference", n_feeds))
+                             step=_FeedSteps(tick, 0.0, 0.3, f"{where}: reference", n_feeds),
+                             keep=need if every else None)
         ref_s = tick.elapsed
         for fi, values in enumerate(refs):
             kept[fi].update({p.tensor: values[p.tensor] for p in outputs if p.tensor in values})
         with Ticker(span, 0.3, 0.6, f"{where}: candidate engine", ref_s) as tick:
             t0 = time.perf_counter()
-            with ctx.prepare_candidate(plan.cand_model, [p.candidate for p in pairs]) as cand_sess:
+            with ctx.prepare_candidate(plan.cand_model, [p.candidate for p in (plan.pairs if every else pairs)]) \
+                    as cand_sess:
                 ctx.timing["build_s"] = ctx.timing.get("build_s", 0.0) + time.perf_counter() - t0
                 t0 = time.perf_counter()
                 for fi, cfeed in enumerate(plan.cand_feeds):
@@ -241,6 +247,28 @@ def run_all(ctx: Context) -> Measured:
         _unmarked_outputs(ctx, out, outputs, kept)
     ctx.step(1.0, "layer-wise comparison done")
     return out
+
+
+def _mark_every_chunk(ctx: Context, groups: list[list[str]], sizes: dict[str, int | None]) -> bool:
+    """Whether every chunk's runs mark every paired tensor (on both sides), as one chunk would, keeping only the
+    chunk's own: when the comparison is chunked and an engine's arithmetic depends on what is marked
+    (:attr:`Engine.marking_changes_outputs`: ONNX Runtime's CPU provider computes unmarked FP16 stretches in FP32
+    and fuses unmarked FP32 ones), so that the numbers and the verdict do not depend on ``--memory-budget``. Not
+    when one feed's values of every tensor would take more than half the budget (said in a note)."""
+    plan = ctx.plan
+    if len(groups) < 2 or not any(getattr(e, "marking_changes_outputs", False)
+                                  for e in (plan.ref_engine, plan.cand_engine)):
+        return False
+    total = sum(sizes.get(p.tensor) or 0 for p in plan.pairs)
+    if total > ctx.budget // 2:
+        from .._files import human_size
+
+        ctx.notes.append(f"each chunk marks only its own tensors (one feed's values of every tensor, "
+                         f"{human_size(total)}, exceed half the memory budget); these engines "
+                         "compute differently with fewer tensors marked, so the numbers and the verdict may differ "
+                         "from a run with a larger --memory-budget")
+        return False
+    return True
 
 
 def _outputs_to_rerun(ctx: Context, sizes: dict[str, int | None]) -> list[TensorPair]:
@@ -314,8 +342,9 @@ class _FeedSteps:
 
 
 def _run_side(ctx: Context, engine, model, marked: list[str], feeds: list[dict], *, reference: bool,
-              step=None) -> list[dict[str, np.ndarray]]:
-    """Every feed through one session marking ``marked``; the values (plus the feeds' own inputs) per feed."""
+              step=None, keep: set[str] | None = None) -> list[dict[str, np.ndarray]]:
+    """Every feed through one session marking ``marked``; the values (plus the feeds' own inputs) per feed, only
+    those of ``keep`` (and the inputs) when given."""
     plan = ctx.plan
     t0 = time.perf_counter()
     values: list[dict[str, np.ndarray]] = []
@@ -326,7 +355,10 @@ def _run_side(ctx: Context, engine, model, marked: list[str], feeds: list[dict],
         for fi, feed in enumerate(feeds):
             if step is not None:
                 step(fi)
-            values.append(_ref_values(plan, session, feed) if reference else dict(session.run(feed)))
+            got = _ref_values(plan, session, feed) if reference else dict(session.run(feed))
+            if keep is not None:
+                got = {k: v for k, v in got.items() if k in keep or k in feed}
+            values.append(got)
     finally:
         if session is not None:
             session.close()

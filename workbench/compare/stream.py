@@ -645,6 +645,8 @@ def _small_clamps(original: onnx.ModelProto, converted: onnx.ModelProto, limits)
 
 
 def _fmt(value) -> str:
+    if value is None:  # not measured: as the comparison's tables print it
+        return "-"
     return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
 
 

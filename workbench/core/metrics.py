@@ -84,9 +84,9 @@ class ErrorStats:
         if rel:  # max |d|/|r| divides every element: callers that never show it skip it
             self.max_rel = max(self.max_rel, _max_rel(ad, ar))
         del ad, ar
-        self.sum_ref2 += float(r @ r)
-        self.sum_cand2 += float(c @ c)
-        self.sum_err2 += float(d @ d)
+        self.sum_ref2 += _square_sum(r)
+        self.sum_cand2 += _square_sum(c)
+        self.sum_err2 += _square_sum(d)
         return self
 
     def merge(self, other: ErrorStats) -> ErrorStats:
@@ -123,6 +123,17 @@ class ErrorStats:
                 sqnr_db=_sqnr(self.sum_ref2, self.sum_err2),
             )
         return numeric | {"nonfinite_mismatch": self.nonfinite_mismatch}
+
+
+def _square_sum(x: np.ndarray) -> float:
+    """sum(x**2): in the array's own type (float32 for narrow types, fast), again in float64 when that overflows
+    (finite values past ~1e19 square past float32's range: the SQNR would be NaN)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(x @ x)
+    if not math.isfinite(total) and x.dtype != np.float64:
+        x64 = x.astype(np.float64)
+        total = float(x64 @ x64)
+    return total
 
 
 def _ratio(num: float, den: float) -> float:

@@ -107,7 +107,9 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     out_path = _check_out(out, model, cand_model)
     if metric is None and target:
         from ..compare.criterion import Criterion
+        from .target import Target
 
+        Target.build(Criterion.parse("sqnr_db<30"), target, None, {})  # a task threshold needs --metric
         Criterion.parse(target)  # a bad criterion fails before the comparison
     if metric is not None:
         from .target import load_metric

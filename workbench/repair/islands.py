@@ -222,6 +222,13 @@ class _Edit:
             else:
                 post.append(helper.make_node("Where", [flag, mine, orig], [o],
                                              name=self.fresh(f"{node.name}/{PREFIX}_select{j}")))
+        for o in node.output:  # a converter's Cast back to FP32 (e.g. to an FP32 graph output) reads the FP32 value
+            if o and self._narrow_type(node, o):
+                for c in self.idx.consumers.get(o, []):
+                    if c.op_type == "Cast" and c.name not in self.b.ref_nodes and c.name not in self.kept \
+                            and any(a.name == "to" and a.i == TensorProto.FLOAT for a in c.attribute):
+                        copy = self.copy_of(c)
+                        copy.input[list(copy.input).index(o)] = self.twin[o]
         if flag is None:
             self.drop.add(pos)
         self.after.setdefault(pos, []).extend([island, *post])

@@ -45,8 +45,8 @@ def quantized_nodes(builder: IslandBuilder) -> list[str]:
     idx = builder.idx
     out = []
     for node in idx.nodes:
-        if not node.name or node.op_type in QDQ_OPS or node.name in idx.sub_names:
-            continue
+        if not node.name or node.op_type in QDQ_OPS or node.op_type == "Constant" or node.name in idx.sub_names:
+            continue  # a Constant computes nothing to keep in float (its reader is the node to keep)
         reads = any((p := idx.producer.get(i)) is not None and p.op_type == "DequantizeLinear" for i in node.input)
         writes = any(c.op_type == "QuantizeLinear" for o in node.output if o for c in idx.consumers.get(o, []))
         if reads or writes:

@@ -138,6 +138,8 @@ def _with_nonfinite(metrics: dict, key: str | None) -> str:
 
 
 def _fmt(v: Any) -> str:
+    if v is None:  # not measured (e.g. no position finite on both sides): as the comparison's tables print it
+        return "-"
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)

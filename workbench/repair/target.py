@@ -84,6 +84,10 @@ class Target:
         """From ``--target``/``--metric``: no metric -> ``target`` is a criterion text (or None: the default);
         with a metric -> ``target`` is ``OP NUMBER`` (``>=0.99``), optional when the metric returns bools."""
         if metric is None:
+            if target and _THRESHOLD.match(str(target)):  # '>=0.99' is a task metric's threshold
+                raise RepairError(f"target {target!r} is a threshold for a task metric, and no --metric is given",
+                                  "pass --metric module:function (or file.py:function), or give an output "
+                                  "criterion such as 'sqnr_db<30'")
             crit = Criterion.parse(target) if target else criterion
             return cls(crit, floors)
         fn, label = load_metric(metric)
@@ -162,10 +166,15 @@ class Target:
         if isinstance(v, np.ndarray) and v.size == 1:
             v = v.item()
         if isinstance(v, (int, float, np.integer, np.floating)):
+            try:
+                number = float(v)
+            except OverflowError:  # an int past float's range
+                raise RepairError(f"metric {self.metric_label} returned {str(v)[:20]}..., a number past float's "
+                                  "range", "return a float (or a bool) per feed") from None
             if self.op is None:
-                raise RepairError(f"metric {self.metric_label} returned a number ({float(v):g})",
+                raise RepairError(f"metric {self.metric_label} returned a number ({number:g})",
                                   "give the threshold with --target, e.g. '>=0.99'")
-            return float(v)
+            return number
         raise RepairError(f"metric {self.metric_label} returned a {type(v).__name__}",
                           "it must return a number or a bool per feed")
 

@@ -72,7 +72,8 @@ class ModelPanel(widgets.VBox):
         m = doc["model"]
         opsets = ", ".join(f"{d} {v}" for d, v in doc["opset_imports"].items())
         self.summary.value = '<div class="wb-title">' + _esc(m["name"]) + "</div>" + kv_html([
-            ("nodes", f"{doc['nodes']} ({doc['nodes_total']} with subgraphs)"),
+            ("nodes", f"{doc['nodes']}" + (f" ({doc['nodes_total']} with those of its subgraphs)"
+                                           if doc["nodes_total"] != doc["nodes"] else "")),
             ("parameters", f"{doc['params']['count']:,} ({doc['params']['bytes'] / 1e6:.2f} MB)"),
             ("opset imports", opsets), ("IR version", doc["ir_version"]),
             ("producer", f"{doc['producer']['name']} {doc['producer']['version']}".strip() or "–"),

@@ -138,6 +138,9 @@ def _upgrade_opset(model: onnx.ModelProto, details: dict, notes: list[str]) -> o
         ) from None
     details["opset_upgrade"] = [version, _QDQ_OPSET]
     notes.append(f"opset upgraded {version} -> {_QDQ_OPSET} (per-channel DequantizeLinear needs `axis`)")
+    from ..model.load import name_nodes
+
+    name_nodes(upgraded)  # the converter's new nodes (e.g. a Softmax's Reshape) are unnamed: repair keeps by name
     return upgraded
 
 
