@@ -224,6 +224,27 @@ def test_a_local_ray_starts_under_a_deep_tmpdir_and_ends_with_a_sigterm(data):
     _check_clean(run, run.finish(), 143, procs, data / "out")
 
 
+def test_sigterm_while_a_repair_starts_ray_exits_143_and_clean(tmp_path):
+    """Ray installs SIGTERM handlers of its own while it starts (sys.exit(15)) and in its core worker (a crash
+    handler: exit -6): a SIGTERM as soon as Ray's processes exist still ends the run as SIGTERM ends it elsewhere."""
+    pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'onnx-drift-workbench[ray]')")
+    feeds = tmp_path / "feeds"
+    feeds.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(16):
+        np.savez(feeds / f"{i:02d}.npz", x=rng.standard_normal((1, 64)).astype(np.float32))
+    (tmp_path / "m.py").write_text("import numpy as np\n\ndef agree(ref, cand):\n    (r,), (c,) = ref.values(), "
+                                   "cand.values()\n    return bool(np.argmax(r) == np.argmax(c))\n")
+    (tmp_path / "out").mkdir()
+    run = Run(tmp_path, "repair", str(OUTLIER), "--cand", "ort:int8", "--inputs", "feeds",
+              "--metric", "m.py:agree", "--target", ">=1", "--executor", "ray", "--out", "out/fixed.onnx")
+    run.wait_for(lambda: any("raylet" in _cmdline(p) for p in run.descendants()), "Ray's raylet", timeout=240)
+    procs = run.descendants()
+    run.send(signal.SIGTERM)
+    _check_clean(run, run.finish(), 143, procs, tmp_path / "out")
+    assert not (tmp_path / "out" / "fixed.onnx").exists()
+
+
 # --- 2. bundles: the staging folder or zip beside the destination --------------------------------------------------
 
 @pytest.mark.parametrize("dest", ["b", "b.zip"])

@@ -13,6 +13,7 @@ import collections
 import contextlib
 import logging
 import os
+import signal
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -304,13 +305,18 @@ class _Ray:
             kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
             local = {} if spec.address else {"num_cpus": spec.workers, **_ray_temp()}
             try:
-                from ..core.lifeline import handlers_kept
+                from ..core.lifeline import Terminated, handlers_kept
 
                 with handlers_kept():
-                    if spec.address:
-                        ray.init(address=spec.address, **kwargs)
-                    else:
-                        ray.init(**local, **kwargs)
+                    try:
+                        if spec.address:
+                            ray.init(address=spec.address, **kwargs)
+                        else:
+                            ray.init(**local, **kwargs)
+                    except SystemExit as e:  # Ray's own SIGTERM handler while it starts: sys.exit(15)
+                        if e.code == signal.SIGTERM:
+                            raise Terminated() from None
+                        raise
             except Exception as e:  # noqa: BLE001 - Ray raises many types; one line says what failed
                 raise InputError(f"cannot start Ray{' at ' + spec.address if spec.address else ''}: "
                                  f"{type(e).__name__}: {e}", "check the address and that the cluster runs the same "
@@ -332,10 +338,16 @@ class _Ray:
 
             return ModelRef(blob=self.ray.put(read_capped(ref.path, MAX_MODEL_BYTES, "model file")))
 
-        return self.ray.put(replace(job, ref_model=shipped(job.ref_model), cand_model=shipped(job.cand_model)))
+        from ..core.lifeline import handlers_kept
+
+        with handlers_kept():  # Ray's core worker may install its SIGTERM crash handler late (exit 15 or -6)
+            return self.ray.put(replace(job, ref_model=shipped(job.ref_model), cand_model=shipped(job.cand_model)))
 
     def submit(self, job_ref, chunk: Chunk):
-        ref = self.remote.remote(job_ref, chunk)
+        from ..core.lifeline import handlers_kept
+
+        with handlers_kept():
+            ref = self.remote.remote(job_ref, chunk)
         self.pending.add(ref)
         return ref
 
@@ -376,6 +388,11 @@ class _Ray:
         while it is being cancelled fails a check in Ray's core worker, which aborts the whole process (seen under
         load: "Tried to complete task that was not pending")."""
         if self.started:
+            if self.pending:  # replies landing while Ray shuts down fail a check in its core worker (an abort,
+                try:          # exit -6, skipping the run's cleanup): let the tasks in flight finish first, briefly
+                    self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=SHUTDOWN_WAIT_S)
+                except Exception:  # noqa: BLE001 - Ray already going down: shut it down anyway
+                    pass
             self.pending.clear()
             self.ray.shutdown()
             return
@@ -386,6 +403,9 @@ class _Ray:
                 pass
         self.pending.clear()
 
+
+#: seconds a local Ray's shutdown waits for the tasks still in flight (a Cancel or Ctrl-C/SIGTERM mid-run)
+SHUTDOWN_WAIT_S = 5.0
 
 #: Linux's limit on a Unix socket's path (108 bytes with the NUL) and what Ray appends to its temp folder for its
 #: longest socket: /session_YYYY-MM-DD_HH-MM-SS_ffffff_PID/sockets/plasma_store
