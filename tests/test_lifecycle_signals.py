@@ -238,10 +238,14 @@ def test_sigterm_while_a_repair_starts_ray_exits_143_and_clean(tmp_path):
     (tmp_path / "out").mkdir()
     run = Run(tmp_path, "repair", str(OUTLIER), "--cand", "ort:int8", "--inputs", "feeds",
               "--metric", "m.py:agree", "--target", ">=1", "--executor", "ray", "--out", "out/fixed.onnx")
-    run.wait_for(lambda: any("raylet" in _cmdline(p) for p in run.descendants()), "Ray's raylet", timeout=240)
+    run.wait_for(lambda: any("gcs_server" in _cmdline(p) for p in run.descendants()), "Ray's first process",
+                 timeout=240)  # the earliest: ray.init() is still starting the others
     procs = run.descendants()
     run.send(signal.SIGTERM)
     _check_clean(run, run.finish(), 143, procs, tmp_path / "out")
+    # every Ray process of the run (they name its session folder, in the run's TMPDIR), those started after too
+    started = [p for p in psutil.process_iter() if str(run.tmpdir) in _cmdline(p)]
+    assert _still_running(started) == [], "Ray processes of the run survived it"
     assert not (tmp_path / "out" / "fixed.onnx").exists()
 
 

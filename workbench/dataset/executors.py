@@ -313,8 +313,12 @@ class _Ray:
                             ray.init(address=spec.address, **kwargs)
                         else:
                             ray.init(**local, **kwargs)
-                    except SystemExit as e:  # Ray's own SIGTERM handler while it starts: sys.exit(15)
-                        if e.code == signal.SIGTERM:
+                    except (SystemExit, KeyboardInterrupt) as e:  # Ray's SIGTERM handler while it starts: exit(15)
+                        if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
+                            raise
+                        with contextlib.suppress(Exception):  # the processes it started so far go with the run
+                            ray.shutdown()
+                        if isinstance(e, SystemExit):
                             raise Terminated() from None
                         raise
             except Exception as e:  # noqa: BLE001 - Ray raises many types; one line says what failed
