@@ -163,6 +163,28 @@ def case_external_truncated(d):
     return path, ExternalDataError, "truncated"
 
 
+def case_external_negative_offset(d):
+    path = _ext_model(d / "m")
+    m = onnx.load(path, load_external_data=False)
+    for e in m.graph.initializer[0].external_data:
+        if e.key == "offset":
+            e.value = "-128"
+    if not any(e.key == "offset" for e in m.graph.initializer[0].external_data):
+        m.graph.initializer[0].external_data.add(key="offset", value="-128")
+    onnx.save(m, path)
+    return path, ExternalDataError, "negative external-data offset"
+
+
+def case_external_location_is_a_fifo(d):
+    path = _ext_model(d / "m", "pipe.bin")
+    os.mkfifo(d / "m" / "pipe.bin")
+    return path, ExternalDataError, "is a FIFO (named pipe), not a file"
+
+
+def case_external_location_is_the_folder(d):
+    return _ext_model(d / "m", "."), ExternalDataError, "is a folder, not a file"
+
+
 def case_external_absolute(d):
     _write(d / "secret.bin", b"\x00" * 64)
     return _ext_model(d / "m", str(d / "secret.bin")), UnsafePathError, "absolute"

@@ -92,13 +92,23 @@ def check_external_files(refs: list[ExternalRef], base_dir: Path) -> list[Path]:
         path = files.get(ref.location) or confined_path(base_dir, ref.location)
         files[ref.location] = path
         if not path.is_file():
+            if os.path.lexists(path):  # there, but a folder, a FIFO, a device...: never opened
+                from .._files import file_kind
+
+                raise ExternalDataError(
+                    f"external-data location '{ref.location}' (for tensor '{ref.tensor}') is "
+                    f"{file_kind(os.stat(path).st_mode)}, not a file", "the model is damaged, or a file was "
+                    "replaced: copy the weight files the model was saved with next to the .onnx file")
             raise ExternalDataError(
                 f"external-data file '{ref.location}' (for tensor '{ref.tensor}') is missing from {base_dir}",
                 "copy the weight files the model was saved with next to the .onnx file",
             )
+        if ref.offset < 0 or (ref.length is not None and ref.length < 0):
+            raise ExternalDataError(f"tensor '{ref.tensor}' has a negative external-data offset or length "
+                                    f"({ref.offset}, {ref.length})", "the model is damaged; re-save it")
         size = path.stat().st_size
         end = ref.offset + (ref.length or 0)
-        if ref.offset < 0 or end > size:
+        if end > size:
             raise ExternalDataError(
                 f"external-data file '{ref.location}' is {size} bytes but tensor '{ref.tensor}' needs "
                 f"bytes {ref.offset}..{end}: the file is truncated",
