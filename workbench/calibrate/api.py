@@ -104,7 +104,7 @@ def calibrate(
     tensors = [t for t in tensors if t in calib.histograms]
     hists = calib.histograms
     nonfinite = [t for t in tensors if hists[t].nonfinite]
-    bad_inputs = _broken_inputs(feeds, {t for t in nonfinite})
+    bad_inputs = _broken_inputs(feeds, set(nonfinite))
     if bad_inputs:  # broken data (an additive mask holds -inf, never NaN or +inf): its tensors are non-finite too
         notes.append(f"the calibration data itself holds NaN or +inf in input(s) {', '.join(bad_inputs)}: every "
                      "tensor computed from them is left out of the ranges, and the exports (TensorRT cache, ORT "
@@ -113,7 +113,7 @@ def calibrate(
         notes.append(f"{len(nonfinite)} tensor(s) hold NaN/inf ({', '.join(nonfinite[:3])}); those values are "
                      "counted apart and left out of ranges and errors, and the TensorRT cache and ORT table leave "
                      "these tensors out (an INT8 scale would clip -inf to a finite value)")
-    flat = [t for t in tensors if hists[t].count and hists[t].zeros == hists[t].count]
+    flat = [t for t in tensors if hists[t].only_zeros]
     if flat:
         notes.append(f"{len(flat)} tensor(s) hold only zeros on the calibration data ({', '.join(flat[:3])}): no "
                      "INT8 scale can be read from them; the TensorRT cache and ORT table leave them out and the QDQ "

@@ -59,6 +59,11 @@ class TensorHistogram:
         return cls(np.zeros(n, np.int64), np.zeros(n, np.int64))
 
     @property
+    def only_zeros(self) -> bool:
+        """Every value seen was 0: no INT8 scale can be read from it."""
+        return bool(self.count) and self.zeros == self.count
+
+    @property
     def num_bins(self) -> int:
         return int(self.abs_counts.size)
 

@@ -165,7 +165,7 @@ class CalibrationReport:
             if h is not None and h.nonfinite:
                 out[t] = f"holds NaN/inf ({h.nonfinite:,} value(s))"
             elif not (np.isfinite(a) and a > 0):
-                out[t] = "holds only zeros" if h is not None and h.count and h.zeros == h.count else f"amax {a}"
+                out[t] = "holds only zeros" if h is not None and h.only_zeros else f"amax {a}"
         return out
 
     def usable_bounds(self, method: str | None = None) -> dict[str, tuple[float, float]]:

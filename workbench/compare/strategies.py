@@ -194,9 +194,9 @@ def run_all(ctx: Context) -> Measured:
     n_feeds = len(plan.feeds)
     # the reference values of every feed are kept through a chunk, plus one feed's candidate values
     groups = list(chunks([p.tensor for p in plan.pairs], sizes, max(1, ctx.budget // (n_feeds + 2))))
-    every = _mark_every_chunk(ctx, groups, sizes)
+    total = sum(sizes.get(p.tensor) or 0 for p in plan.pairs)  # one feed's values of every tensor
+    every = _mark_every_chunk(ctx, len(groups), total)
     if every:  # one feed's values of every tensor (a run's, then dropped), plus each chunk's kept over the feeds
-        total = sum(sizes.get(p.tensor) or 0 for p in plan.pairs)
         groups = list(chunks([p.tensor for p in plan.pairs], sizes, max(1, (ctx.budget - total) // (n_feeds + 1))))
     by_ref = plan.pair_by_tensor
     if len(groups) > 1:
@@ -249,17 +249,17 @@ def run_all(ctx: Context) -> Measured:
     return out
 
 
-def _mark_every_chunk(ctx: Context, groups: list[list[str]], sizes: dict[str, int | None]) -> bool:
+def _mark_every_chunk(ctx: Context, n_chunks: int, total: int) -> bool:
     """Whether every chunk's runs mark every paired tensor (on both sides), as one chunk would, keeping only the
     chunk's own: when the comparison is chunked and an engine's arithmetic depends on what is marked
     (:attr:`Engine.marking_changes_outputs`: ONNX Runtime's CPU provider computes unmarked FP16 stretches in FP32
     and fuses unmarked FP32 ones), so that the numbers and the verdict do not depend on ``--memory-budget``. Not
-    when one feed's values of every tensor would take more than half the budget (said in a note)."""
+    when one feed's values of every tensor (``total`` bytes) would take more than half the budget (said in a
+    note)."""
     plan = ctx.plan
-    if len(groups) < 2 or not any(getattr(e, "marking_changes_outputs", False)
-                                  for e in (plan.ref_engine, plan.cand_engine)):
+    if n_chunks < 2 or not any(getattr(e, "marking_changes_outputs", False)
+                               for e in (plan.ref_engine, plan.cand_engine)):
         return False
-    total = sum(sizes.get(p.tensor) or 0 for p in plan.pairs)
     if total > ctx.budget // 2:
         from .._files import human_size
 

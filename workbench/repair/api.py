@@ -106,11 +106,9 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
         raise RepairError(f"max_builds must be a whole number >= 1, not {max_builds!r}")
     out_path = _check_out(out, model, cand_model)
     if metric is None and target:
-        from ..compare.criterion import Criterion
-        from .target import Target
+        from .target import criterion_target
 
-        Target.build(Criterion.parse("sqnr_db<30"), target, None, {})  # a task threshold needs --metric
-        Criterion.parse(target)  # a bad criterion fails before the comparison
+        criterion_target(target)  # a bad criterion, or a task threshold without a metric, fails before the comparison
     if metric is not None:
         from .target import load_metric
 

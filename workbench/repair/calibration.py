@@ -15,10 +15,9 @@ from .graph import RepairError
 
 def resolve(model: Any, calibration: Any, preprocess: Any, options: dict,
             check: Callable[[], None] = lambda: None) -> tuple[Any, Any]:
-    """(model, calibration feeds): the model loaded once where the feeds needed it, and feeds that
-    ``make_variant`` accepts."""
+    """(model, calibration): the model loaded once where the feeds needed it, and what compare's
+    ``calibration_feeds`` takes (feeds, or a count N that the comparison plan draws at seed + 1)."""
     from ..calibrate.feeds import is_dataset
-    from ..model.load import LoadedModel, is_torch_module, load_model
 
     if calibration is None:
         return model, None
@@ -28,13 +27,7 @@ def resolve(model: Any, calibration: Any, preprocess: Any, options: dict,
         if calibration < 1:
             raise RepairError(f"calibration needs at least one feed, not {calibration}",
                               "give N >= 1, a file or a folder")
-        from ..inputs.generate import random_feeds
-
-        loaded = model if isinstance(model, LoadedModel) else load_model(
-            model, example_inputs=options.get("example_inputs"))
-        feeds = random_feeds(loaded.proto, seed=int(options.get("seed") or 0) + 1, count=calibration,
-                             shapes=options.get("input_shapes"), ranges=options.get("val_ranges"))
-        return (model if is_torch_module(model) else loaded), feeds
+        return model, calibration  # the comparison plan draws them (ComparisonPlan: seed + 1, its shapes)
     if is_dataset(calibration, preprocess):
         from .api import _dataset_feeds
 

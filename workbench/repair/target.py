@@ -66,6 +66,16 @@ class Judgement:
         return doc
 
 
+def criterion_target(target: str) -> Criterion:
+    """A target given without a task metric: an output criterion (``sqnr_db<30``). A task metric's threshold
+    (``>=0.99``) is refused with what to pass instead."""
+    if _THRESHOLD.match(str(target)):
+        raise RepairError(f"target {target!r} is a threshold for a task metric, and no --metric is given",
+                          "pass --metric module:function (or file.py:function), or give an output criterion such as "
+                          "'sqnr_db<30'")
+    return Criterion.parse(target)
+
+
 @dataclass
 class Target:
     """Criterion target (``metric is None``): an output fails on a feed when ``criterion.diverged(metrics,
@@ -84,12 +94,7 @@ class Target:
         """From ``--target``/``--metric``: no metric -> ``target`` is a criterion text (or None: the default);
         with a metric -> ``target`` is ``OP NUMBER`` (``>=0.99``), optional when the metric returns bools."""
         if metric is None:
-            if target and _THRESHOLD.match(str(target)):  # '>=0.99' is a task metric's threshold
-                raise RepairError(f"target {target!r} is a threshold for a task metric, and no --metric is given",
-                                  "pass --metric module:function (or file.py:function), or give an output "
-                                  "criterion such as 'sqnr_db<30'")
-            crit = Criterion.parse(target) if target else criterion
-            return cls(crit, floors)
+            return cls(criterion_target(target) if target else criterion, floors)
         fn, label = load_metric(metric)
         op = threshold = None
         aggregate = "worst"

@@ -69,8 +69,10 @@ def changed(before: Any, after: Any) -> bool:
 
 
 def _size(d: float | None) -> float:
+    """How much a change weighs when ranked: a change that is not a number (a value that appeared, disappeared or
+    is not numeric) ranks with the infinite ones."""
     if d is None:
-        return -1.0
+        return math.inf
     return math.inf if not math.isfinite(d) else abs(d)
 
 
@@ -273,7 +275,7 @@ class ResultDiff:
         m = metric or self.metric
         moved = [t for t in self.tensors if changed(t.before.get(m), t.after.get(m))
                  or t.diverged_before != t.diverged_after or t.at_floor_before != t.at_floor_after]
-        moved.sort(key=lambda t: (-_size(t.change(m)) if t.change(m) is not None else -math.inf, t.topo_index))
+        moved.sort(key=lambda t: (-_size(t.change(m)), t.topo_index))
         return moved[:n]
 
     def metrics_match(self, rel: float = 1e-4, abs_: float = 1e-9) -> bool:
@@ -363,8 +365,8 @@ class ResultDiff:
                                             if versions else "unchanged"))
         if self.only_before or self.only_after:
             lines.append(f"tensors only in {a}: {len(self.only_before)}, only in {b}: {len(self.only_after)}")
-        moved = self.largest(top)
-        total = len(self.largest(len(self.tensors)))
+        everything = self.largest(len(self.tensors))
+        moved, total = everything[:top], len(everything)
         if total > len(moved):
             lines.append(f"per-tensor {m}: {total} tensor(s) changed" + (f", the {len(moved)} largest below"
                                                                           if moved else " (--top 0 lists none)"))

@@ -18,6 +18,7 @@ from typing import Any
 import anywidget
 from traitlets import Unicode
 
+from .._files import human_size
 from .messages import message_html
 
 log = logging.getLogger(__name__)
@@ -109,8 +110,4 @@ def download_html(path: Path, label: str, *, show_path: bool = True) -> str:
     return (f'<a class="wb-download" href="#" data-wb-download="{token}" '
             f'data-name="{html.escape(path.name, quote=True)}" title="{html.escape(str(path), quote=True)}" '
             f'data-path="{html.escape(str(path), quote=True)}">&#x2B07; {html.escape(label)} '
-            f'({html.escape(path.name)}, {_size(size)})</a>' + where)
-
-
-def _size(n: int) -> str:
-    return f"{n:,} bytes" if n < 2**10 else f"{n / 2**10:.0f} KiB" if n < 2**20 else f"{n / 2**20:.1f} MiB"
+            f'({html.escape(path.name)}, {human_size(size)})</a>' + where)

@@ -53,6 +53,10 @@ class WorkbenchState(HasTraits):
     bands = AnyTrait(None, allow_none=True)
     #: save each finished run into the runs folder (:mod:`workbench.ui.run_store`), to reopen after a restart
     autosave = Bool(True)
+    #: the torch.nn.Module the model was exported from (None for an ONNX model) and its example inputs: the
+    #: torch engines run the module itself (:meth:`model_for`)
+    module: Any = None
+    example_inputs: Any = None
     #: bumped (on the kernel's thread) each time a finished run has been saved there
     saved = Int(0)
 
@@ -182,7 +186,7 @@ class WorkbenchState(HasTraits):
         (with its ``example_inputs``) when a side runs a torch engine, else the loaded model."""
         from ..engines.spec import EngineSpec
 
-        module = getattr(self, "module", None)
+        module = self.module
         if module is not None and any(EngineSpec.parse(str(s)).engine in ("torch", "torch-cuda") for s in specs):
             return module, {"example_inputs": self.example_inputs}
         return self.require_model(), {}
