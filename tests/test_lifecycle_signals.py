@@ -12,6 +12,7 @@ with a marker file, or by an engine kept busy by a long Loop: no fixed sleeps de
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -222,6 +223,8 @@ def test_a_local_ray_starts_under_a_deep_tmpdir_and_ends_with_a_sigterm(data):
     procs = run.descendants()
     run.send(signal.SIGTERM)
     _check_clean(run, run.finish(), 143, procs, data / "out")
+    left = sorted(glob.glob(f"/tmp/ray/session_*_{run.proc.pid}"))
+    assert left == [], f"Ray's session folder outside the run's scratch was left: {left}"
 
 
 def test_sigterm_while_a_repair_starts_ray_exits_143_and_clean(tmp_path):

@@ -13,11 +13,13 @@ import collections
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..core.progress import Steps
 from ..errors import EngineCrashedError, InputError
@@ -301,9 +303,11 @@ class _Ray:
             raise InputError("Ray is not installed", RAY_HINT) from None
         self.ray = ray
         self.started = False
+        self._sessions = _RaySessions(None)
         if not ray.is_initialized():
             kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
             local = {} if spec.address else {"num_cpus": spec.workers, **_ray_temp()}
+            self._sessions = _RaySessions(local.get("_temp_dir"))
             try:
                 from ..core.lifeline import Terminated, handlers_kept
 
@@ -318,6 +322,7 @@ class _Ray:
                             raise
                         with contextlib.suppress(Exception):  # the processes it started so far go with the run
                             ray.shutdown()
+                        self._sessions.remove()
                         if isinstance(e, SystemExit):
                             raise Terminated() from None
                         raise
@@ -399,6 +404,7 @@ class _Ray:
                     pass
             self.pending.clear()
             self.ray.shutdown()
+            self._sessions.remove()
             return
         for ref in self.pending:
             try:
@@ -417,10 +423,40 @@ _SOCKET_PATH_MAX = 107
 _RAY_SOCKET_TAIL = len("/session_2026-01-01_00-00-00_000000_") + len("/sockets/plasma_store")
 
 
+class _RaySessions:
+    """The session folders a local Ray this process starts leaves in ``root`` (its ``_temp_dir``; None: inside the
+    run's scratch folder, removed with it, or the user's RAY_TMPDIR, left alone): noted before Ray starts, removed
+    after it stops. Ray names a session after the process that starts it (``session_<date>_<pid>``)."""
+
+    def __init__(self, root: str | None):
+        from ..core.scratch import run_scratch
+
+        inside = root is not None and Path(root).resolve().is_relative_to(run_scratch().resolve())
+        self.root = Path(root) if root is not None and not inside else None
+        self.before = set(self._ours()) if self.root is not None else set()
+
+    def _ours(self) -> list[Path]:
+        return list(self.root.glob(f"session_*_{os.getpid()}")) if self.root is not None and self.root.is_dir() else []
+
+    def remove(self) -> None:
+        if self.root is None:
+            return
+        new = [p for p in self._ours() if p not in self.before]
+        latest = self.root / "session_latest"
+        with contextlib.suppress(OSError):
+            if latest.is_symlink() and Path(os.readlink(latest)).name in {p.name for p in new}:
+                latest.unlink()
+        for p in new:
+            shutil.rmtree(p, ignore_errors=True)
+        if new:
+            log.info("removed Ray's session folder(s) %s", ", ".join(str(p) for p in new))
+
+
 def _ray_temp() -> dict:
     """Where a local Ray this starts keeps its session (sockets, logs): inside this run's scratch folder, removed
     with it (a SIGKILLed run's too, by the next run), when its socket paths fit Linux's 107 bytes; else Ray's own
-    choice ($RAY_TMPDIR, else the temp folder the user set, else /tmp). Without this Ray would follow TMPDIR into
+    choice ($RAY_TMPDIR, else the temp folder the user set, else /tmp; there the session folder this run's Ray made
+is removed when it stops, :class:`_RaySessions`). Without this Ray would follow TMPDIR into
     the run folder and fail to start where the path is too long (a 6-digit pid under /tmp is enough)."""
     if os.environ.get("RAY_TMPDIR"):
         return {}  # the user's choice
