@@ -431,3 +431,40 @@ def test_the_headline_says_when_the_independent_check_fails():
     broken.verification["independent"] = {"engine": "ref", "error": "ref: onnx's ReferenceEvaluator cannot run it"}
     assert "  verified on independent (ref): could not run (ref: onnx's ReferenceEvaluator cannot run it)" \
         in broken.render().splitlines()
+
+
+def test_a_target_met_by_undoing_most_of_the_int8_conversion_says_so(tmp_path, capsys):
+    """An output criterion on random feeds that INT8 cannot meet is met by removing every Q/DQ pair: the result
+    says the conversion was undone (the share of INT8 weight bytes, before and after) and what to give instead;
+    the printed result counts a long kept set instead of naming every node."""
+    from workbench.repair import result as result_module
+
+    out = tmp_path / "fixed.onnx"
+    code = main(["repair", str(SAMPLES / "healthy_cnn.onnx"), "--cand", "ort:int8", "--calib", "4", "--feeds", "2",
+                 "--target", "sqnr_db<60", "--verify", "none", "--out", str(out), "--json", str(tmp_path / "r.json")])
+    text = capsys.readouterr().out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and doc["met"], text
+    before, after = doc["weights"]["before"]["share"], doc["weights"]["after"]["share"]
+    assert after < 0.5 * before, doc["weights"]
+    note = [n for n in doc["notes"] if n.startswith("the target was met by undoing most of the INT8 conversion")]
+    assert note and f"{100 * after:.1f}% of the weight bytes stay INT8 ({100 * before:.1f}% before)" in note[0]
+    assert "real inputs (--inputs DIR, and --calib DIR" in note[0] and "a task metric (--metric" in note[0]
+    assert len(doc["kept"]) > 3
+    result_module.KEPT_SHOWN, shown = 3, result_module.KEPT_SHOWN
+    try:
+        from workbench.repair.result import RepairResult
+
+        fields = ("reference", "candidate", "kept", "met", "minimal", "builds", "target", "before", "after",
+                  "evaluations", "pool", "kind")
+        line = RepairResult(**{k: doc[k] for k in fields}).render().splitlines()[1]
+    finally:
+        result_module.KEPT_SHOWN = shown
+    assert line.startswith(f"  Q/DQ removed around: {len(doc['kept'])} nodes: {', '.join(doc['kept'][:3])}, ... "), line
+    assert doc["kept"][3] not in line
+    # a result that keeps most of the INT8 weights has no such note
+    main(["repair", str(SAMPLES / "fp16_clamp_constant.onnx"), "--cand", "ort:int8", "--calib", "8", "--feeds", "4",
+          "--verify", "none", "--out", str(tmp_path / "kept.onnx"), "--json", str(tmp_path / "k.json")])
+    kept = json.loads((tmp_path / "k.json").read_text())
+    assert kept["met"] and kept["weights"]["after"]["share"] >= 0.5 * kept["weights"]["before"]["share"]
+    assert not any("undoing" in n for n in kept["notes"])

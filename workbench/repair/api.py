@@ -323,6 +323,9 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     family = plan.cand_precision.family
     weights = {"family": family, "before": precision_share(plan.cand_model, family),
                "after": precision_share(repaired, family)}
+    undone = _mostly_undone(weights, plan, metric)
+    if undone and final.met:
+        notes.insert(0, undone)
     path = None
     if out_path is not None:
         path = str(save_model(repaired, out_path))
@@ -345,6 +348,31 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     if not pool and nodes is None:
         res.notes.append("the comparison flagged no culprit to keep")
     return res
+
+
+#: below this share of the candidate's own weight bytes left in its precision, the result says the target was met
+#: mostly by undoing the conversion
+UNDONE_SHARE = 0.5
+
+
+def _mostly_undone(weights: dict, plan, metric) -> str | None:
+    """A note when the repaired model keeps under :data:`UNDONE_SHARE` of the weight bytes the candidate held in
+    its precision: the target was met by undoing most of the conversion, which with random feeds and an output
+    criterion often says more about the inputs and the criterion than about the model."""
+    before, after = (weights.get(k, {}).get("share") for k in ("before", "after"))
+    if not before or after is None or after >= UNDONE_SHARE * before:
+        return None
+    family = str(weights.get("family") or "").upper()
+    how = []
+    if plan.feed_info.get("source") == "random":
+        how.append("real inputs (--inputs DIR" + (", and --calib DIR for the INT8 ranges" if family == "INT8" else "")
+                   + ")")
+    if metric is None:
+        how.append("a task metric (--metric, with --target) instead of the output criterion")
+    advice = (": random inputs are far from what the model sees, and an output criterion asks for more than the "
+              f"task needs; give {' and '.join(how)}") if how else ""
+    return (f"the target was met by undoing most of the {family} conversion: {100 * after:.1f}% of the weight bytes "
+            f"stay {family} ({100 * before:.1f}% before){advice}")
 
 
 def _bound_marked_tensors(plan) -> None:

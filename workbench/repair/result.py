@@ -96,8 +96,10 @@ class RepairResult:
                     if self.met and self.independent_failed else "")]
         label = "kept in reference precision (fp32-island)" if self.kind == "float" else "Q/DQ removed around"
         best = "" if self.met else " (best set found)"
-        lines.append(f"  {label}{best}: {', '.join(map(safe_name, self.kept)) if self.kept else '(nothing)'}"
-                     + ("" if self.minimal or not self.kept else " (not proven 1-minimal)"))
+        shown = ", ".join(map(safe_name, self.kept[:KEPT_SHOWN])) if self.kept else "(nothing)"
+        if len(self.kept) > KEPT_SHOWN:
+            shown = f"{len(self.kept)} nodes: {shown}, ... (every one in --json / .to_json()['kept'])"
+        lines.append(f"  {label}{best}: {shown}" + ("" if self.minimal or not self.kept else " (not proven 1-minimal)"))
         rewrites = [r for r in self.repairs if r.get("kind") != "fp32-island"]
         if rewrites:
             lines.append("  rewritten, kept in the candidate precision: " + "; ".join(
@@ -128,6 +130,10 @@ class RepairResult:
             lines.append(f"  repaired model: {safe_name(self.model_path)}")
         lines += [f"  note: {safe_name(n)}" for n in self.notes]
         return "\n".join(lines)
+
+
+#: kept nodes named on the printed result; more are counted (the JSON lists them all)
+KEPT_SHOWN = 12
 
 
 def _with_nonfinite(metrics: dict, key: str | None) -> str:
