@@ -74,3 +74,35 @@ class CountingReference(Engine):
 
     def describe(self) -> dict:
         return {"engine": self.name, "sessions": type(self).sessions}
+
+
+class WrongOutputsEngine(Engine):
+    """ONNX Runtime with its results spoilt as a broken engine spoils them: ``how`` "drop" returns none of the
+    requested tensors, "first3" each tensor's first three values (another shape)."""
+
+    name = "wrong-outputs"
+    how = "drop"
+
+    def prepare(self, model, outputs) -> Session:
+        from workbench.engines.ort import OrtEngine
+
+        return _Spoilt(OrtEngine().prepare(model, outputs), self.how)
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "how": self.how}
+
+
+class TruncatingEngine(WrongOutputsEngine):
+    how = "first3"
+
+
+class _Spoilt(Session):
+    def __init__(self, inner: Session, how: str):
+        self.inner, self.how = inner, how
+
+    def run(self, feeds):
+        got = self.inner.run(feeds)
+        return {} if self.how == "drop" else {k: np.asarray(v).ravel()[:3] for k, v in got.items()}
+
+    def close(self) -> None:
+        self.inner.close()

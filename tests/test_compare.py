@@ -226,6 +226,55 @@ def test_cand_model_matched_by_name(tmp_path):
     assert result.culprits[0].node == "/bn_big_var/BatchNormalization"
 
 
+def test_an_output_of_another_shape_diverges_and_says_so(tmp_path, capsys):
+    """A candidate whose output has another number of values compares nothing: that is a divergence with its
+    shapes named, never "ok" on empty metrics (it was: every metric None, verdict ok, exit 0)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ref = tiny_model()
+    g = ref.graph
+    g.node.append(helper.make_node("Slice", ["y", "st", "en", "ax"], ["y2"], name="/cut/Slice"))
+    g.initializer.extend([numpy_helper.from_array(np.array([v], np.int64), n)
+                          for n, v in (("st", 0), ("en", 2), ("ax", 1))])
+    g.node[1].output[0] = "r"
+    g.node[-1].input[0] = "r"
+    g.node[-1].output[0] = "y"
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2]))
+    onnx.save(ref, tmp_path / "cand.onnx")
+    onnx.save(tiny_model(), tmp_path / "ref.onnx")
+    code = main(["compare", str(tmp_path / "ref.onnx"), "--cand", "ort", "--cand-model", str(tmp_path / "cand.onnx"),
+                 "--no-culprits", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "output y: shapes differ (reference [1, 4] vs candidate [1, 2]): nothing compared -> DIVERGED" in out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["verdict"]["outputs"][0]["shape_mismatch"] == "reference [1, 4] vs candidate [1, 2]"
+    assert "another shape" in doc["verdict"]["reason"] and doc["verdict"]["diverged"] is True
+    # an engine that returns values of another shape, through a class path
+    result = compare(SAMPLES / "healthy_cnn.onnx", "ort", "engine_fixtures:TruncatingEngine", culprits=False)
+    assert result.diverged and result.tensor("logits").metrics["shape_mismatch"] == "reference [1, 10] vs candidate [3]"
+
+
+def test_an_engine_that_returns_no_output_is_named_not_ok(capsys):
+    """An engine whose run() returns none of the requested tensors: one line naming it and the output, exit 3 (it
+    was: "0 tensors compared", verdict ok, exit 0)."""
+    code = main(["compare", str(SAMPLES / "healthy_cnn.onnx"), "--cand", "engine_fixtures:WrongOutputsEngine"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "no value came back for graph output(s) logits" in err and "engine_fixtures:WrongOutputsEngine" in err
+    assert "Traceback" not in err
+
+
+def test_an_unknown_variant_names_what_the_engine_runs():
+    from workbench.engines.spec import EngineSpec
+    from workbench.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"unknown variant 'loud'.*transformations of the model") as e:
+        EngineSpec.parse("engine_fixtures:CountingReference:loud")
+    assert "the counting-ref engine runs fp32, fp16" in str(e.value.hint)
+
+
 def test_ort_vs_reference_float64_agree_on_fp32():
     result = compare(SAMPLES / "healthy_cnn.onnx", "ref", "ort")
     assert not result.diverged

@@ -113,7 +113,9 @@ class Criterion:
         return value < self.threshold if self.metric in HIGHER_IS_BETTER else value > self.threshold
 
     def diverged(self, metrics: dict, floor: dict | None = None) -> bool:
-        """Non-finite mismatch, or past the threshold and not :meth:`at_floor`."""
+        """Shapes of different sizes, non-finite mismatch, or past the threshold and not :meth:`at_floor`."""
+        if metrics.get("shape_mismatch"):  # the candidate computed something else: nothing to measure, not a pass
+            return True
         if self.nonfinite and (metrics.get("nonfinite_mismatch") or 0) > 0:
             return True
         return self.fails(metrics) and not self.at_floor(metrics, floor)

@@ -184,10 +184,16 @@ class CompareResult:
         m = self.criterion.metric
         outs = [{"tensor": t.tensor, m: encode_float(t.metrics.get(m)),
                  "nonfinite_mismatch": t.metrics.get("nonfinite_mismatch"), "diverged": t.diverged,
-                 "at_floor": t.at_floor, "floor": None if t.floor is None else encode_float(t.floor.get(m))}
+                 "at_floor": t.at_floor, "floor": None if t.floor is None else encode_float(t.floor.get(m)),
+                 **({"shape_mismatch": t.metrics["shape_mismatch"]} if t.metrics.get("shape_mismatch") else {})}
                 for t in self.output_results]
         bad = [o["tensor"] for o in outs if o["diverged"]]
-        if bad:
+        shapes = [o["tensor"] for o in outs if o.get("shape_mismatch")]
+        if shapes:
+            reason = (f"output(s) {', '.join(shapes)} have another shape on the candidate (nothing to compare)"
+                      + (f"; output(s) {', '.join(b for b in bad if b not in shapes)} fail {self.criterion.describe()}"
+                         if set(bad) - set(shapes) else ""))
+        elif bad:
             reason = f"output(s) {', '.join(bad)} fail {self.criterion.describe()}"
         elif outs:
             reason = f"every output passes {self.criterion.describe()}" + (

@@ -16,6 +16,22 @@ from .result import CompareResult, Culprit, TensorResult
 from .strategies import Context, Measured, Ticker, run_all, run_bisect
 
 
+def _check_outputs_came_back(plan, measured: Measured) -> None:
+    """Every compared graph output has values from both sides; an engine that returned none for one is named
+    (exit 3), rather than a verdict of "ok" on nothing."""
+    from ..errors import EngineCrashedError
+
+    outputs = set(plan.ref_graph.outputs)
+    missing = [p.tensor for p in plan.pairs if p.tensor in outputs and p.tensor not in measured.full]
+    if missing:
+        from .plan import names_list
+
+        raise EngineCrashedError(
+            f"no value came back for graph output(s) {names_list(missing)}: the reference ({plan.ref_spec}) or the "
+            f"candidate ({plan.cand_spec}) engine returned fewer tensors than it was asked for",
+            "check the engine's run() returns every requested name (a custom engine's mapping of output names)")
+
+
 def run_plan(plan, steps: Steps) -> CompareResult:
     """Compare ``plan``'s two sides layer by layer; see :func:`workbench.compare.api.compare`."""
     opts = plan.options
@@ -41,6 +57,7 @@ def run_plan(plan, steps: Steps) -> CompareResult:
         m, floor = stats.metrics(), floors.get(p.tensor)
         tensors.append(TensorResult(p.tensor, p.node, p.op_type, p.topo_index, m, crit.diverged(m, floor),
                                     p.candidate, floor, crit.at_floor(m, floor)))
+    _check_outputs_came_back(plan, measured)
     culprits = _culprits(plan, measured, floors)
     _note_hidden_overflow(plan, tensors, notes)
     t1 = time.perf_counter()

@@ -62,6 +62,10 @@ def render(result: CompareResult, max_rows: int = 25) -> str:
     for t in result.output_results:
         bad = t.metrics.get("nonfinite_mismatch") or 0
         state = "DIVERGED" if t.diverged else ("ok, at its floor" if t.at_floor else "ok")
+        if t.metrics.get("shape_mismatch"):
+            lines.append(f"output {safe_name(t.tensor)}: shapes differ ({safe_name(t.metrics['shape_mismatch'])}): "
+                         f"nothing compared -> {state}")
+            continue
         lines.append(f"output {safe_name(t.tensor)}: {m} {fmt(t.metrics.get(m), m)}, "
                      f"cosine {fmt(t.metrics.get('cosine'))}, "
                      f"max_abs {fmt(t.metrics.get('max_abs'))}" + (f", {bad} inf/NaN where the reference is "

@@ -105,7 +105,10 @@ class ErrorStats:
         return self.sum_ref_abs / self.compared if self.compared else 0.0
 
     def metrics(self) -> dict[str, float | int | None]:
-        if self.shape_mismatch or self.count == 0:
+        if self.shape_mismatch:  # nothing compared, and a divergence (Criterion.diverged)
+            return dict.fromkeys(METRICS) | {"nonfinite_mismatch": self.nonfinite_mismatch,
+                                             "shape_mismatch": self.shape_mismatch}
+        if self.count == 0:
             return dict.fromkeys(METRICS) | {"nonfinite_mismatch": self.nonfinite_mismatch}
         if self.compared == 0 and self.nonfinite_mismatch:  # nothing finite on both sides to measure
             return dict.fromkeys(METRICS) | {"nonfinite_mismatch": self.nonfinite_mismatch}

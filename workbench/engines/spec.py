@@ -44,10 +44,14 @@ class EngineSpec:
                 raise SpecError(f"unknown engine {engine!r} in spec {text!r}",
                                 f"use ENGINE[:VARIANT] with ENGINE one of {', '.join(registered())}, or "
                                 "package.module:Class")
-        if variant not in VARIANTS:
-            raise SpecError(f"unknown variant {variant!r} in spec {text!r}",
-                            f"use one of {', '.join(VARIANTS)} (e.g. ort:fp16)")
         engine_cls = class_for(engine)
+        if variant not in VARIANTS:
+            own = [v for v in engine_cls.variants if v in VARIANTS]
+            raise SpecError(f"unknown variant {variant!r} in spec {text!r}: a variant is one of the workbench's "
+                            f"transformations of the model ({', '.join(VARIANTS)}), and an engine class's `variants` "
+                            "attribute says which of them it runs",
+                            f"the {engine_cls.name or engine} engine runs {', '.join(own) or 'none of them'}"
+                            + (f" (e.g. {engine}:{own[1]})" if len(own) > 1 else ""))
         if variant not in engine_cls.variants:
             raise SpecError(f"spec {text!r}: the {engine_cls.name or engine} engine has no {variant} variant",
                             f"it runs {', '.join(engine_cls.variants)}"
