@@ -144,7 +144,9 @@ def test_find_target_forgiving_names(query, expected):
 def test_find_target_unknown_lists_known_names():
     with pytest.raises(WorkbenchError) as err:
         find_target("coreml-7")
-    assert "TensorRT 10.x" in str(err.value) and "OpenVINO" in str(err.value)
+    assert "trt-10" in str(err.value) and "openvino" in str(err.value) and "ort-1.18" in str(err.value)
+    for typed in str(err.value).split("(as typed): ")[1].split(", "):  # each spelling listed resolves
+        assert find_target(typed).name
 
 
 # --- (b) the static check -----------------------------------------------------------------------

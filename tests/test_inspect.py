@@ -71,3 +71,39 @@ def test_inspect_real_ppocr_models(name, nodes, fetch_model, tmp_path):
     assert doc["opset_imports"]["ai.onnx"] == (12 if name != "ppocr-cls" else doc["opset_imports"]["ai.onnx"])
     assert doc["params"]["count"] > 100_000
     assert [p for p in doc["probes"] if p["runtime"] == "onnxruntime"][0]["ok"] is True
+
+
+def test_compatibility_rows_say_why_and_targets_are_typed_as_listed(tmp_path, capsys):
+    """A "NO" row names its reason in the text table (it was only in the JSON); a table without a max opset shows
+    "?" (it printed None); the --help example target resolves, an unknown version names the rows there are, and an
+    unknown target lists the spellings a user types."""
+    from conftest import tiny_model
+
+    model = tiny_model(ir_version=11)
+    onnx.save(model, tmp_path / "ir11.onnx")
+    assert main(["inspect", str(tmp_path / "ir11.onnx"), "--targets", "ort-1.18", "openvino"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.strip().startswith("ONNX Runtime 1.18"))
+    assert " NO " in row and "IR version 11 > max" in row, row
+    assert "17/?" in next(line for line in out.splitlines() if line.strip().startswith("OpenVINO"))
+    assert main(["inspect", str(tmp_path / "ir11.onnx"), "--targets", "ort-1.20"]) == 2
+    err = capsys.readouterr().err
+    assert "no table row for ONNX Runtime 1.20" in err and "1.18" in err and "probe" in err
+    assert main(["inspect", str(tmp_path / "ir11.onnx"), "--targets", "nosuch"]) == 2
+    assert "known targets (as typed): ort-1.14" in capsys.readouterr().err
+
+
+def test_engine_graph_random_feeds_past_the_budget_are_refused_before_allocating(tmp_path, capsys):
+    """inspect --engine with an enormous --input-shapes: one line, exit 2 (it was an internal error, exit 3, after
+    trying to allocate twice the feed in float64)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "dyn.onnx")
+    assert main(["inspect", str(tmp_path / "dyn.onnx"), "--engine", "ort", "--input-shapes", "x:[1000000000,3]",
+                 "--runs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "1 random feed(s) would take 11.2 GiB" in err and "use smaller --input-shapes" in err
+    assert "--memory-budget" not in err and "internal error" not in err

@@ -531,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the workbench.inspect/1 JSON to OUT ('-' for stdout); "
                    "with --engine the workbench.engine_graph/1 JSON")
     p.add_argument("--targets", nargs="+", metavar="TARGET",
-                   help="runtimes to check against, e.g. trt-10 trt-8.6 ort-1.20 openvino (default: a handful)")
+                   help="runtimes to check against, e.g. trt-10 trt-8.6 ort-1.18 openvino (default: a handful)")
     p.add_argument("--no-probe", action="store_true", help="do not build a real ONNX Runtime session")
     g = p.add_argument_group("inside the engine (--engine): what it fused, where each node ran, in what precision, "
                              "how long it took")

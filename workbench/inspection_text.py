@@ -44,10 +44,11 @@ def render(result: Inspection) -> str:
         rows = []
         for c in doc["compatibility"]:
             missing = ", ".join(f"{safe_name(u['op_type'])}" for u in c.get("unsupported", [])) or None
-            rows.append([c["target"], f"{c.get('model_opset')}/{c.get('max_opset')}",
-                         "yes" if c["ok"] else "NO", missing])
+            top = c.get("max_opset")
+            rows.append([c["target"], f"{c.get('model_opset')}/{top if top is not None else '?'}",
+                         "yes" if c["ok"] else "NO", missing, "; ".join(c.get("opset_problems") or []) or None])
         lines += ["", "compatibility (from the package's tables):",
-                  table(["target", "opset/max", "ok", "unsupported ops"], rows)]
+                  table(["target", "opset/max", "ok", "unsupported ops", "other problems"], rows)]
     for p in doc["probes"]:
         verdict = "ok" if p["ok"] else ("not installed" if p["ok"] is None else "REJECTED")
         where = f" at node {p['rejected_node']!r} ({p['rejected_op_type']})" if p.get("rejected_node") else ""

@@ -190,8 +190,21 @@ def find_target(name: str) -> Target:
             pool = [t for t in pool if _version_matches(t.version, version)]
         if pool:
             return max(pool, key=lambda t: _version_key(t.version))
-    known = ", ".join(t.name for t in targets)
-    raise WorkbenchError(f"unknown target {name!r}", f"known targets: {known}")
+        rows = [t for t in targets if t.runtime == family]
+        if version and rows:
+            versions = ", ".join(t.version for t in sorted(rows, key=lambda t: _version_key(t.version)))
+            raise WorkbenchError(f"no table row for {rows[0].name.rsplit(' ', 1)[0]} {version} (the package's tables "
+                                 f"hold {versions})", "name one of those, or read the 'probe:' line of inspect: it "
+                                 "builds a session on the onnxruntime installed here")
+    known = ", ".join(_typed(t) for t in targets)
+    raise WorkbenchError(f"unknown target {name!r}", f"known targets (as typed): {known}")
+
+
+def _typed(target: Target) -> str:
+    """How a user types ``target``: ort-1.18, trt-10, openvino."""
+    short = {"onnxruntime": "ort", "tensorrt": "trt"}.get(target.runtime, target.runtime)
+    version = target.version.removesuffix(".x") if target.version else ""
+    return f"{short}-{version}" if version and target.runtime != "openvino" else short
 
 
 def _collect_ops(model: onnx.ModelProto) -> dict[tuple[str, str], list[str]]:
