@@ -345,6 +345,27 @@ def test_diff_of_two_optimization_levels_lists_changed_fusions(fetch_model, tmp_
     assert main(["diff", str(a), str(TRT / "profile.json")]) == 2
 
 
+def test_diff_of_engine_graphs_says_what_is_wrong_with_a_file_and_when_models_differ(tmp_path, capsys):
+    """A missing, damaged or non-graph file is named with its problem (each was "needs two engine graphs"); two
+    graphs of different models diff with a note saying so."""
+    from conftest import SAMPLES
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for model, out in ((SAMPLES / "healthy_cnn.onnx", a), (SAMPLES / "cnn_fp16_overflow.onnx", b)):
+        assert main(["inspect", str(model), "--engine", "ort", "--runs", "1", "--json", str(out)]) == 0
+    (tmp_path / "broken.json").write_text(a.read_text()[:40])
+    (tmp_path / "other.json").write_text('{"schema": "workbench.compare/1"}')
+    capsys.readouterr()
+    for other, said in (("missing.json", "not found: "), ("broken.json", "JSON"),
+                        ("other.json", "holds a 'workbench.compare/1', not an engine graph")):
+        assert main(["diff", str(a), str(tmp_path / other)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and other in err, err
+    assert main(["diff", str(a), str(b), "--json", str(tmp_path / "d.json")]) == 0
+    assert "note: the two engine graphs are of different models (healthy_cnn.onnx" in capsys.readouterr().out
+    assert "different models" in json.loads((tmp_path / "d.json").read_text())["notes"][0]
+
+
 @pytest.mark.slow
 def test_plots_and_panel_show_slowest_nodes_with_their_error(fetch_model):
     from workbench.compare.api import compare

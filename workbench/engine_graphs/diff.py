@@ -3,7 +3,7 @@ providers, precisions and latency, matched by the ONNX nodes each executed node 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import WorkbenchError
@@ -65,6 +65,7 @@ class EngineGraphDiff:
     latency: list[dict]
     providers: list[dict]
     precisions: list[dict]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def end_to_end(self) -> dict:
@@ -77,7 +78,7 @@ class EngineGraphDiff:
                 "nodes": [len(self.before.nodes), len(self.after.nodes)],
                 "fused_nodes": [len(self.before.fused_nodes), len(self.after.fused_nodes)],
                 "fusions_changed": self.fusions, "latency": self.latency[:top], "providers_changed": self.providers,
-                "precisions_changed": self.precisions}
+                "precisions_changed": self.precisions, "notes": list(self.notes)}
 
     def render(self, top: int = 10) -> str:
         a, b = self.labels
@@ -100,6 +101,7 @@ class EngineGraphDiff:
             lines.append(f"provider of {r['engine_node']}: {r['before']} -> {r['after']}")
         for r in self.precisions[:top]:
             lines.append(f"precision of {r['engine_node']}: {r['before']} -> {r['after']}")
+        lines += [f"note: {safe_name(n, 400)}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -121,7 +123,8 @@ def diff_graphs(before: Any, after: Any, *, metric: str | None = None,
     """Diff two engine graphs (EngineGraph objects or ``workbench.engine_graph/1`` files)."""
     a, b = load_graph(before), load_graph(after)
     if a is None or b is None:
-        raise WorkbenchError("engine graph diff needs two engine graphs",
+        bad = [src for src, g in ((before, a), (after, b)) if g is None]
+        raise WorkbenchError(f"engine graph diff needs two engine graphs: {_not_a_graph(bad[0])}",
                              "pass two files written by `workbench inspect MODEL --engine SPEC --json OUT`")
     m = metric or "latency_ms"
     if m not in METRICS:
@@ -136,9 +139,38 @@ def diff_graphs(before: Any, after: Any, *, metric: str | None = None,
                  if ka[k].provider != kb[k].provider]
     precisions = [{"engine_node": ka[k].name, "before": ka[k].precision, "after": kb[k].precision} for k in same
                   if ka[k].precision != kb[k].precision]
-    return EngineGraphDiff(a, b, m, labels, _fusions([n for k, n in ka.items() if k not in kb],
-                                                     [n for k, n in kb.items() if k not in ka], m),
-                           latency, providers, precisions)
+    out = EngineGraphDiff(a, b, m, labels, _fusions([n for k, n in ka.items() if k not in kb],
+                                                    [n for k, n in kb.items() if k not in ka], m),
+                          latency, providers, precisions)
+    sha_a, sha_b = (g.model.get("sha256") for g in (a, b))
+    if sha_a and sha_b and sha_a != sha_b:
+        out.notes.append(f"the two engine graphs are of different models ({a.model.get('name')} sha256 {sha_a[:12]}, "
+                         f"{b.model.get('name')} sha256 {sha_b[:12]}): a fusion 'change' may be a change of the model")
+    if a.engine != b.engine:
+        out.notes.append(f"the two graphs come from different engines ({a.engine}, {b.engine}): providers are named "
+                         "by each engine, so a provider 'change' may only be a name")
+    return out
+
+
+def _not_a_graph(source: Any) -> str:
+    """Why ``source`` is not an engine graph, in a few words."""
+    import json
+    import os
+
+    if not isinstance(source, (str, os.PathLike)):
+        return f"a {type(source).__name__} is neither an EngineGraph nor a path"
+    path = str(source)
+    if not os.path.lexists(path):
+        return f"not found: {path}"
+    if not os.path.isfile(path):
+        return f"{path} is not a regular file"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"{path} is not readable JSON ({type(e).__name__}: {str(e)[:120]})"
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    return f"{path} holds {('a ' + repr(schema)) if schema else 'JSON without a schema'}, not an engine graph"
 
 
 def _fusions(only_a: list[EngineNode], only_b: list[EngineNode], metric: str) -> list[dict]:
