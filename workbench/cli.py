@@ -61,7 +61,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                                   ("--ort-trace", args.ort_trace), ("--trt-subgraphs", args.trt_subgraphs),
                                   ("--report", args.report)) if v]
     if engine_only:
-        raise UsageError(f"{', '.join(engine_only)} go with --engine SPEC (or --layer-info): they look inside engines")
+        verb = "only works" if len(engine_only) == 1 else "only work"
+        raise UsageError(f"{', '.join(engine_only)} {verb} with --engine SPEC (or --layer-info): they look inside "
+                         "engines")
     check_outputs([Output("--json", args.json)], models={"MODEL": args.model})
     result = inspect_model(args.model, targets=args.targets or None, probe=not args.no_probe)
     if args.json:

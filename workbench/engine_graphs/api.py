@@ -41,11 +41,17 @@ def engine_graph(model: Any, engine: str | EngineSpec = "ort", *, feeds: Any = N
 
     spec = EngineSpec.parse(engine)
     if spec.engine not in BUILDERS:
-        raise SpecError(f"the {spec.engine!r} engine has no engine graph (it runs the ONNX graph as written)",
+        what = {"torch": "it runs the nn.Module itself", "torch-cuda": "it runs the nn.Module itself",
+                "ref": "it runs the ONNX graph node by node, as written"}.get(spec.engine, "it builds no engine graph "
+                                                                            "the workbench can read")
+        raise SpecError(f"the {spec.engine!r} engine has no engine graph ({what})",
                         f"inspect one of {', '.join(BUILDERS)}")
     for name, value, lo in (("runs", runs, 0), ("warmup", warmup, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_RUNS:
-            raise WorkbenchError(f"{name} must be a whole number from {lo} to {MAX_RUNS}, not {value!r}")
+            from ..core.arguments import BadArgumentValue
+
+            raise BadArgumentValue(f"engine_graph(): {name} must be a whole number from {lo} to {MAX_RUNS}, "
+                                   f"not {value!r}")
     if is_torch_module(model):
         raise WorkbenchError("engine_graph needs an ONNX model", "export the module first (workbench.load_model)")
     loaded = model if isinstance(model, LoadedModel) else load_model(model)

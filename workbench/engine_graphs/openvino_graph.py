@@ -118,7 +118,7 @@ def openvino_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: in
                            "profiled runs"), runs=runs,
         unmapped=mapped["unmapped"], folded=mapped["folded"],
         details={"openvino": ov.get_version(), "device": engine.device,
-                 "inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
+                 "inference_precision": _type_name(compiled.get_property("INFERENCE_PRECISION_HINT")),
                  "requested_provider": engine.device, "executed_nodes": len(mapped["nodes"]),
                  "onnx_compute_nodes": len(og.nodes), "warmup": warmup,
                  "wall_ms": stats(walls)["median"] if runs else None,
@@ -245,3 +245,9 @@ def _runtime_nodes(compiled, ran: set[str], names: dict[str, str], og: OnnxGraph
         entry["preds"] = found
     folded -= {o for e in nodes for o in e["origin"]}
     return nodes, ran, folded
+
+
+def _type_name(value) -> str:
+    """OpenVINO's element type as it names it (``f32``), not the Python repr (``<Type: 'float32'>``)."""
+    name = getattr(value, "get_type_name", None)
+    return name() if callable(name) else str(value)

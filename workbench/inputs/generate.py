@@ -134,6 +134,11 @@ def check_feed_bytes(plans: list[tuple[InputSpec, tuple[int, ...]]], count: int,
 def resolve_shape(spec: InputSpec, override: list[int] | None) -> tuple[int, ...]:
     """A concrete shape for ``spec``: the override (checked against static dims) or the model's dims."""
     if override is not None:
+        if isinstance(override, (str, bytes)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in override):
+            example = "input_shapes={'" + spec.name + "': [1, 3, 224, 224]}"
+            raise InputError(f"the shape for input '{spec.name}' must be a list of whole numbers >= 0, not "
+                             f"{override!r}", f"e.g. {example} (--input-shapes {spec.name}:[1,3,224,224])")
         dims = tuple(int(d) for d in override)
         if spec.shape is not None and (
             len(dims) != len(spec.shape) or any(isinstance(m, int) and m != d for m, d in zip(spec.shape, dims))
