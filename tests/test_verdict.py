@@ -67,6 +67,30 @@ def test_precision_is_read_from_the_file_not_the_spec(tmp_path):
     assert doc["precision"]["candidate"]["precision_source"].startswith("float16 holds")
 
 
+def test_a_float32_resize_factor_does_not_make_an_fp16_model_fp32():
+    """The FP16 converters keep Upsample/Resize scales in float32 (the schema asks for it): a weightless FP16 model
+    with such a factor is still FP16 (it was read as fp32 and judged with FP32's stricter criterion, while the same
+    model without the Upsample got FP16's)."""
+    def build(with_upsample: bool) -> onnx.ModelProto:
+        nodes = [helper.make_node("Add", ["x", "b"], ["s"], name="add"), helper.make_node("Sub", ["s", "b"], ["y"],
+                                                                                         name="sub")]
+        outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])]
+        inits = []
+        if with_upsample:
+            nodes.append(helper.make_node("Upsample", ["x", "sc"], ["u"], name="up", mode="nearest"))
+            outs.append(helper.make_tensor_value_info("u", TensorProto.FLOAT, [1, 1, 8, 8]))
+            inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "sc"))
+        ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 4, 4]) for n in ("x", "b")]
+        return helper.make_model(helper.make_graph(nodes, "g", ins, outs, initializer=inits),
+                                 opset_imports=[helper.make_opsetid("", 9)])
+
+    for with_upsample in (False, True):
+        fp16 = convert_float_to_float16(build(with_upsample), keep_io_types=True)
+        assert any(t.name == "sc" and t.data_type == TensorProto.FLOAT for t in fp16.graph.initializer) \
+            == with_upsample
+        assert infer_precision(fp16).precision == "fp16", infer_precision(fp16)
+
+
 def test_qdq_and_bf16_models_are_recognised():
     m = _scaled_relu(1.0)
     q = helper.make_node("QuantizeLinear", ["x", "qs", "zp"], ["xq"], name="q")

@@ -33,6 +33,11 @@ _QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMu
               "DynamicQuantizeLinear", "QLinearAdd", "QLinearMul"}
 
 
+#: (op, input position) of parameters whose schema makes them float32 in any precision (the FP16 converters keep
+#: them): not weights the model computes with
+_FLOAT32_PARAMETERS = {("Resize", 1), ("Resize", 2), ("Upsample", 1)}
+
+
 @dataclass(frozen=True)
 class Precision:
     """``precision``: fp32 | fp64 | fp16 | bf16 | tf32 | int8 | fp8 | int4; ``source``: what it was read from."""
@@ -87,7 +92,16 @@ def infer_precision(model: onnx.ModelProto) -> Precision:
     counts: Counter = Counter()
     tensors = list(g.initializer) + [a.t for n in nodes if n.op_type == "Constant" for a in n.attribute
                                      if a.type == onnx.AttributeProto.TENSOR]
+    uses: dict[str, set] = {}
+    for n in nodes:
+        for i, name in enumerate(n.input):
+            uses.setdefault(name, set()).add((n.op_type, i))
+    const_out = {a.t.name or n.output[0]: n.output[0] for n in nodes if n.op_type == "Constant"
+                 for a in n.attribute if a.type == onnx.AttributeProto.TENSOR}
     for t in tensors:
+        used = uses.get(const_out.get(t.name, t.name)) or uses.get(t.name)
+        if used and used <= _FLOAT32_PARAMETERS:  # a resize factor, float32 whatever the model computes in
+            continue
         if t.data_type in _FLOAT_NAMES:
             weights[t.data_type] += tensor_nbytes(t)
             counts[t.data_type] += 1
