@@ -345,6 +345,31 @@ def test_diff_of_two_optimization_levels_lists_changed_fusions(fetch_model, tmp_
     assert main(["diff", str(a), str(TRT / "profile.json")]) == 2
 
 
+def test_a_loop_body_is_not_counted_twice_in_the_latency_share(tmp_path):
+    """ORT profiles a Loop's body kernels inside the Loop node's own time: the per-node times of a one-node Loop
+    model added up to 124% of a run on one thread (and a note blamed concurrency). They are counted once now."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["v_in", "one"], ["v_out"], name="body_add"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [64, 64])],
+        [numpy_helper.from_array(np.ones((64, 64), np.float32), "one")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "c", "x"], ["y"], name="loop", body=body)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+        [numpy_helper.from_array(np.array(20, np.int64), "n"), numpy_helper.from_array(np.array(True), "c")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "loop.onnx")
+    g = engine_graph(tmp_path / "loop.onnx", "ort", runs=5, threads=1)
+    assert [n.name for n in g.compute_nodes] == ["loop"]
+    # the Loop node's own time is part of the run: its share is at most the whole run
+    assert 0 < g.latency_share <= 1.0, (g.latency_share, g.notes)
+    assert not any("concurrently" in n for n in g.notes), g.notes
+
+
 def test_diff_of_engine_graphs_says_what_is_wrong_with_a_file_and_when_models_differ(tmp_path, capsys):
     """A missing, damaged or non-graph file is named with its problem (each was "needs two engine graphs"); two
     graphs of different models diff with a note saying so."""

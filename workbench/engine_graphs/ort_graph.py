@@ -76,7 +76,7 @@ def ort_engine_graph(model: onnx.ModelProto, feeds: list[dict], *, runs: int = 1
         optimized, events, walls, providers = _run(engine, model_payload(model, marked if outputs else None),
                                                    feeds, tmp, runs, warmup)
     graph = map_optimized(og, optimized)
-    profile = _profile(events, warmup) if runs else None
+    profile = _profile(events, warmup, {n.name for n in optimized.graph.node}) if runs else None
     _apply_profile(graph, profile, optimized)
     if not runs:  # no profiler: the declared type of what each node writes
         from ..core.shapes import infer_shapes_lenient, value_types
@@ -375,7 +375,7 @@ def read_trace(path: str) -> list[dict]:
     return events
 
 
-def _profile(events: list[dict], warmup: int) -> dict:
+def _profile(events: list[dict], warmup: int, top_level: set[str] | None = None) -> dict:
     """Per-run kernel times from ORT's profiler trace: {"model_run": [ms], "runs": [{name: [kernel ms]}],
     "dispatch": [{name: [ms]}], "between": [ms], "outside": [ms], "args": {name: last args}}; the first ``warmup``
     runs are dropped. A node's dispatch is the time from the previous kernel's end to its own start (the executor's
@@ -402,6 +402,8 @@ def _profile(events: list[dict], warmup: int) -> dict:
     between, outside = [], []
     for i, ((start, end), run) in enumerate(zip(runs, kernels)):
         run.sort()
+        if top_level is not None:  # a Loop/If/Scan body's kernels run inside their node's own time: counted once
+            run[:] = _outer(run, top_level)
         reached, gaps = None, 0.0  # reached: the latest kernel end so far (kernels may overlap with threads)
         for ts, te, name in run:
             per_run[i][name].append((te - ts) / 1e3)
@@ -413,6 +415,17 @@ def _profile(events: list[dict], warmup: int) -> dict:
         outside.append(max(0, run[0][0] - start + end - reached) / 1e3 if run else (end - start) / 1e3)
     return {"model_run": [(b - a) / 1e3 for a, b in runs], "runs": per_run, "dispatch": dispatch,
             "between": between, "outside": outside, "args": args}
+
+
+def _outer(run: list[tuple[int, int, str]], top_level: set[str]) -> list[tuple[int, int, str]]:
+    """``run``'s kernels (sorted by start) less those of subgraph nodes: not a top-level node's name, and inside
+    the time of a kernel before them."""
+    kept: list[tuple[int, int, str]] = []
+    for ts, te, name in run:
+        if name not in top_level and any(a <= ts and te <= b for a, b, _ in kept):
+            continue
+        kept.append((ts, te, name))
+    return kept
 
 
 def summarize_profile(profile: dict) -> dict:
