@@ -217,6 +217,29 @@ def test_cli_dataset_bundle_reruns_and_sees_changed_data(tmp_path):
     assert p.returncode == 2 and "unknown metric" in p.stderr
 
 
+def test_rerun_and_diff_pair_samples_by_file_name_when_one_is_removed(tmp_path):
+    """One file of five removed: rerun names it missing and finds the other four identical, diff lists it as only
+    in the first run (both paired samples by position: every later sample was compared with its neighbour's record,
+    and the removed file was never named)."""
+    from workbench.cli import main
+
+    model = _softmax_model(tmp_path / "m.onnx")
+    data = _npz_folder(tmp_path / "d", 5)
+    bundle, before, after = tmp_path / "b", tmp_path / "before.json", tmp_path / "after.json"
+    args = ["compare", str(model), "--cand", "ref:fp16", "--inputs", str(data), "--metric", "top1"]
+    assert main([*args, "--json", str(before), "--bundle", str(bundle)]) in (0, 1)
+    (data / "s001.npz").unlink()
+    assert main([*args, "--json", str(after)]) in (0, 1)
+    assert main(["rerun", str(bundle), "--json", str(tmp_path / "r.json")]) == 1
+    rr = json.loads((tmp_path / "r.json").read_text())
+    assert rr["data_changed"] == [{"index": 1, "source": "s001.npz", "why": "missing now"}], rr["data_changed"]
+    assert rr["changed_samples"] == []
+    assert main(["diff", str(before), str(after), "--json", str(tmp_path / "d.json")]) == 0
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["changed_samples"] == [] and d["only_before"] == [{"index": 1, "source": "s001.npz"}]
+    assert d["only_after"] == []
+
+
 def test_without_ray_one_line_says_how_to_install(tmp_path):
     model = _softmax_model(tmp_path / "m.onnx")
     data = _npz_folder(tmp_path / "d", 2)

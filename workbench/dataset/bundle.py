@@ -123,7 +123,8 @@ class DatasetRerun:
         if self.data_changed:
             lines.append(f"  the data differ from the bundle's on {len(self.data_changed)} sample(s): "
                          + ", ".join(f"#{c['index']} {safe_name(c['source'])} ({c['why']})"
-                                     for c in self.data_changed[:5]))
+                                     for c in self.data_changed[:5])
+                         + (f", and {len(self.data_changed) - 5} more" if len(self.data_changed) > 5 else ""))
         for c in self.changed[:top]:
             lines.append(f"  #{c['index']} {safe_name(c['source'])}: " + "; ".join(c["what"]))
         lines += [f"  note: {safe_name(n)}" for n in self.notes]
@@ -195,14 +196,20 @@ def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None,
                              progress=progress, options=options, **settings)
     data_changed = []
     if not data.get("included"):
+        from .diff import sample_key
+
+        key = sample_key(list(recorded.values()), result.samples)
+        by_key = {key(r): r for r in recorded.values()}
         for s in result.samples:
-            r = recorded.get(s["index"])
+            r = by_key.get(key(s))
             if r is None:
                 data_changed.append({"index": s["index"], "source": s["source"], "why": "not in the bundle"})
             elif r.get("sha256") != s["sha256"]:
                 data_changed.append({"index": s["index"], "source": s["source"], "why": "content differs"})
-        for i in sorted(set(recorded) - {s["index"] for s in result.samples}):
-            data_changed.append({"index": i, "source": recorded[i].get("source"), "why": "missing now"})
+        now = {key(s) for s in result.samples}
+        for r in sorted(recorded.values(), key=lambda r: r["index"]):
+            if key(r) not in now:
+                data_changed.append({"index": r["index"], "source": r.get("source"), "why": "missing now"})
     changed = changed_samples(saved.get("samples") or [], result.to_json()["samples"], check_data=False)
     versions = diff_versions(m.get("versions") or {}, package_versions())
     return DatasetRerun(name, saved, result, changed, data_changed, versions, notes)

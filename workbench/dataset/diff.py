@@ -112,8 +112,11 @@ class DatasetDiff:
             lines.append(f"  {safe_name(name)} mean: {_fmt(v['before'])} -> {_fmt(v['after'])}")
         for c in self.changed[:top]:
             lines.append(f"  #{c['index']} {safe_name(c['source'])}: " + "; ".join(safe_name(w) for w in c["what"]))
-        if self.only_before or self.only_after:
-            lines.append(f"  samples only in {a}: {len(self.only_before)}, only in {b}: {len(self.only_after)}")
+        for label, only in ((a, self.only_before), (b, self.only_after)):
+            if only:
+                lines.append(f"  samples only in {label}: {len(only)} ("
+                             + ", ".join(f"#{s['index']} {safe_name(s['source'])}" for s in only[:top])
+                             + (", ..." if len(only) > top else "") + ")")
         return "\n".join(lines)
 
 
@@ -123,8 +126,8 @@ def _fmt(v: Any) -> str:
 
 def diff_datasets(before: Any, after: Any, labels: tuple[str, str] = ("before", "after"), *,
                   trust_unsealed: bool = False) -> DatasetDiff:
-    """Compare two dataset results sample by sample (matched by index); bundles without a seal only when
-    ``trust_unsealed``."""
+    """Compare two dataset results sample by sample (paired by source name, else by index: :func:`sample_key`);
+    bundles without a seal only when ``trust_unsealed``."""
     from ..report.safety import BundleError
 
     a, b = dataset_doc(before, trust_unsealed=trust_unsealed), dataset_doc(after, trust_unsealed=trust_unsealed)
@@ -133,19 +136,37 @@ def diff_datasets(before: Any, after: Any, labels: tuple[str, str] = ("before", 
         raise BundleError(f"{other} is not a dataset comparison (a single comparison, or not a workbench result) and "
                           "the other side is", "diff two dataset results, or two single comparisons")
     a, b = check_doc(a, labels[0]), check_doc(b, labels[1])
-    ia = {s["index"] for s in a.get("samples", [])}
-    ib = {s["index"] for s in b.get("samples", [])}
-    return DatasetDiff(labels, a, b, changed_samples(a.get("samples", []), b.get("samples", [])),
-                       sorted(ia - ib), sorted(ib - ia))
+    sa, sb = a.get("samples", []), b.get("samples", [])
+    key = sample_key(sa, sb)
+    ka, kb = {key(s) for s in sa}, {key(s) for s in sb}
+    return DatasetDiff(labels, a, b, changed_samples(sa, sb),
+                       [_named(s) for s in sa if key(s) not in kb], [_named(s) for s in sb if key(s) not in ka])
+
+
+def _named(sample: dict) -> dict:
+    return {"index": sample.get("index"), "source": sample.get("source")}
+
+
+def sample_key(saved: list[dict], now: list[dict]):
+    """How two runs' samples are paired: by source name (a file of a folder) when each side names every sample
+    once, so that a file added or removed does not shift the pairs; else by index."""
+    def unique(samples: list[dict]) -> bool:
+        names = [s.get("source") for s in samples]
+        return all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names)
+
+    if saved and now and unique(saved) and unique(now):
+        return lambda s: s["source"]
+    return lambda s: s["index"]
 
 
 def changed_samples(saved: list[dict], now: list[dict], check_data: bool = True) -> list[dict]:
-    """Samples (matched by index) whose verdict, task metrics, output metrics or first divergence changed (and,
-    with ``check_data``, whose content hash changed)."""
-    by_index = {s["index"]: s for s in saved}
+    """Samples (paired by :func:`sample_key`) whose verdict, task metrics, output metrics or first divergence
+    changed (and, with ``check_data``, whose content hash changed)."""
+    key = sample_key(saved, now)
+    by_key = {key(s): s for s in saved}
     out = []
     for s in now:
-        old = by_index.get(s["index"])
+        old = by_key.get(key(s))
         if old is None:
             continue
         what = []
