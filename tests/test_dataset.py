@@ -240,6 +240,38 @@ def test_rerun_and_diff_pair_samples_by_file_name_when_one_is_removed(tmp_path):
     assert d["only_after"] == []
 
 
+def test_calib_n_draws_random_calibration_feeds_for_a_dataset_too(tmp_path, capsys):
+    """--calib N means N seeded random feeds for a dataset comparison as for a single one (it was read as a file
+    named "4"); --no-layers says the layers were not compared instead of "no layer diverged"."""
+    from conftest import SAMPLES
+
+    from workbench.cli import main
+
+    code = main(["compare", str(SAMPLES / "int8_outlier.onnx"), "--cand", "ort:int8", "--calib", "4", "--inputs",
+                 str(_outlier_folder(tmp_path / "o", 4)), "--no-layers", "--per-sample", "--json",
+                 str(tmp_path / "r.json")])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert len(doc["samples"]) == 4 and not any("first 4 sample(s) of the dataset" in n for n in doc["notes"])
+    assert "no layer diverged" not in out.out
+
+
+def _outlier_folder(folder: Path, n: int) -> Path:
+    """``n`` feeds for int8_outlier.onnx (its inputs and shapes read from the model)."""
+    import onnx
+    from conftest import SAMPLES
+
+    folder.mkdir()
+    model = onnx.load(SAMPLES / "int8_outlier.onnx")
+    rng = np.random.default_rng(1)
+    for i in range(n):
+        feed = {vi.name: rng.standard_normal([d.dim_value or 1 for d in vi.type.tensor_type.shape.dim]).astype(
+            np.float32) for vi in model.graph.input}
+        np.savez(folder / f"s{i:03d}.npz", **feed)
+    return folder
+
+
 def test_without_ray_one_line_says_how_to_install(tmp_path):
     model = _softmax_model(tmp_path / "m.onnx")
     data = _npz_folder(tmp_path / "d", 2)

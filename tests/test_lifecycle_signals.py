@@ -227,6 +227,28 @@ def test_a_local_ray_starts_under_a_deep_tmpdir_and_ends_with_a_sigterm(data):
     assert left == [], f"Ray's session folder outside the run's scratch was left: {left}"
 
 
+def test_ray_session_folders_outside_the_scratch_are_removed_with_the_folder_made_for_them(tmp_path):
+    """Where Ray's session had to go outside the run's scratch folder (the user's TMPDIR/ray): the session this
+    process started, its session_latest link, and the ray folder itself when this run made it and it is empty, go
+    when Ray stops; another process's session and a ray folder that was there before stay."""
+    from workbench.dataset.executors import _RaySessions
+
+    root = tmp_path / "ray"
+    sessions = _RaySessions(str(root))
+    ours = root / f"session_2026-01-01_00-00-00_000000_{os.getpid()}"
+    (ours / "logs").mkdir(parents=True)
+    (root / "session_latest").symlink_to(ours)
+    sessions.remove()
+    assert not root.exists()
+    root.mkdir()
+    theirs = root / "session_2026-01-01_00-00-00_000000_1"
+    theirs.mkdir()
+    sessions = _RaySessions(str(root))
+    ours.mkdir()
+    sessions.remove()
+    assert sorted(p.name for p in root.iterdir()) == [theirs.name]
+
+
 def test_sigterm_while_a_repair_starts_ray_exits_143_and_clean(tmp_path):
     """Ray installs SIGTERM handlers of its own while it starts (sys.exit(15)) and in its core worker (a crash
     handler: exit -6): a SIGTERM as soon as Ray's processes exist still ends the run as SIGTERM ends it elsewhere."""

@@ -196,7 +196,8 @@ def _compare_dataset(args: argparse.Namespace) -> int:
                          "drop them (compare one sample with its culprits: workbench compare MODEL --inputs FILE.npz)")
     result = compare_dataset(
         args.model, args.ref, args.cand, args.inputs, preprocess=args.preprocess, metrics=args.metric or (),
-        workers=args.workers or 1, executor=args.executor, cand_model=args.cand_model, calibration=args.calib,
+        workers=args.workers or 1, executor=args.executor, cand_model=args.cand_model,
+        calibration=_feeds_arg(args.calib) if args.calib is not None else None,
         worst=args.worst, layers=not args.no_layers, criterion=args.criterion, memory_budget=args.memory_budget,
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         keep_fp32=args.keep_fp32 or None, isolate={"auto": None, "yes": True, "no": False}[args.isolate],

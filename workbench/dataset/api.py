@@ -117,6 +117,10 @@ def _compare(loaded, reference, candidate, head, stream, dataset, cand_model, ca
             notes.append(f"INT8 calibrated on the first {len(head)} sample(s) of the dataset (pass calibration= / "
                          "--calib for separate calibration data)")
         notes += plan.notes
+        if layers and getattr(plan.cand_engine, "marks_all_cheaply", True):
+            notes.append("the outputs' metrics are those of the runs that mark every tensor (ONNX Runtime then fuses "
+                         "less than as deployed, which can move an output's last bits): --no-layers compares the "
+                         "outputs as deployed")
         job, layer_infos = _job(plan, head[0].feed, layers, spec, notes)
         with temporary_dir("workbench-dataset-") as tmp:
             if spec.kind != "serial":

@@ -327,9 +327,12 @@ class _Ray:
                             raise Terminated() from None
                         raise
             except Exception as e:  # noqa: BLE001 - Ray raises many types; one line says what failed
+                self._sessions.remove()
+                hint = ("check the address and that the cluster runs the same Ray and Python versions" if spec.address
+                        else "a local Ray could not start here (busy or short of memory?): try again, or use local "
+                             "processes instead (--workers N without --executor ray)")
                 raise InputError(f"cannot start Ray{' at ' + spec.address if spec.address else ''}: "
-                                 f"{type(e).__name__}: {e}", "check the address and that the cluster runs the same "
-                                 "Ray and Python versions") from None
+                                 f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}", hint) from None
             self.started = True
         self.remote = ray.remote(num_cpus=1, max_retries=0)(fn)
         self.pending: set = set()
@@ -434,6 +437,7 @@ class _RaySessions:
         inside = root is not None and Path(root).resolve().is_relative_to(run_scratch().resolve())
         self.root = Path(root) if root is not None and not inside else None
         self.before = set(self._ours()) if self.root is not None else set()
+        self.made_root = self.root is not None and not self.root.exists()  # removed too when left empty
 
     def _ours(self) -> list[Path]:
         return list(self.root.glob(f"session_*_{os.getpid()}")) if self.root is not None and self.root.is_dir() else []
@@ -450,6 +454,9 @@ class _RaySessions:
             shutil.rmtree(p, ignore_errors=True)
         if new:
             log.info("removed Ray's session folder(s) %s", ", ".join(str(p) for p in new))
+        if self.made_root:
+            with contextlib.suppress(OSError):  # only when empty: another run's Ray may be using it
+                self.root.rmdir()
 
 
 def _ray_temp() -> dict:

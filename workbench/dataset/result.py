@@ -152,7 +152,8 @@ class DatasetResult:
                 lines.append(f"  #{s['index']} {safe_name(s['source'])}: " + (task + "; " if task else "")
                              + (f"first divergence at {safe_name(first['tensor'])} ({safe_name(first['op_type'])})"
                                 if first
-                                else "no layer diverged"))
+                                else "no layer diverged" if self.run_options.get("layers", True)
+                                else "outputs pass (layers not compared: --no-layers)"))
         hot = sorted((row for row in self.layers if row["first_divergent_samples"]),
                      key=lambda r: -r["first_divergent_samples"])[:3]
         if hot:
