@@ -283,3 +283,24 @@ def test_save_bundle_refuses_feeds_the_comparison_did_not_run_on(tmp_path):
     assert not (tmp_path / "b1").exists() and not (tmp_path / "b2").exists()
     path = save_bundle(r, SAMPLES / "transformer_block.onnx", feeds=feeds, dest=tmp_path / "b3")  # the same: fine
     assert rerun_bundle(path).reproduced
+
+
+def test_package_versions_do_not_depend_on_what_the_process_imported(monkeypatch):
+    """OpenVINO's __version__ carries its build string: a notebook kernel that had imported it recorded
+    '2026.4.1-22982-...' and the CLI rerun on the same install, which had not, '2026.4.1', and rerun reported a
+    package change. The installed version is recorded either way; a module loaded at another version still wins."""
+    import sys
+    import types
+    from importlib import metadata
+
+    from workbench.report.env import diff_versions, package_versions
+
+    installed = metadata.version("onnx")
+    fake = types.ModuleType("onnx")
+    fake.__version__ = installed + "-12345-build"
+    monkeypatch.setitem(sys.modules, "onnx", fake)
+    assert package_versions()["onnx"] == installed
+    fake.__version__ = "0.0.1"  # a process still running an older onnx than the one installed since
+    assert package_versions()["onnx"] == "0.0.1"
+    assert diff_versions({"openvino": "2026.4.1-22982-e213a147257-releases/2026/4"}, {"openvino": "2026.4.1"}) == {}
+    assert diff_versions({"openvino": "2026.4.0"}, {"openvino": "2026.4.1"}) == {"openvino": ["2026.4.0", "2026.4.1"]}

@@ -73,6 +73,16 @@ def test_a_short_curve_keeps_its_bounded_axis_and_no_slider():
     xs = [t.topo_index for t in result.tensors]
     assert not layout.xaxis.rangeslider.visible
     assert layout.xaxis.autorangeoptions.maxallowed > max(xs) and layout.xaxis.autorangeoptions.minallowed < min(xs)
+    # INT8's colour bands add legend rows: below the plot they climbed onto the axis title and tick labels
+    from workbench.plots.thresholds import Bands
+
+    int8 = compare(CLAMP, "ort", "ort:int8")
+    banded = layer_error_curve(int8, bands=Bands.from_criterion(int8.criterion)).layout
+    for lay in (layout, banded):
+        assert lay.legend.orientation == "h" and lay.legend.yanchor == "bottom" and lay.legend.y >= 1.0
+        lines = len(wrap_text(lay.title.text.replace("<br>", " "), TITLE_CHARS))
+        assert lay.margin.t >= 30 + 19 * lines + LEGEND_ROOM
+    assert banded.yaxis.title.text.startswith("norm_mean_abs<br>(")  # the long axis title on two lines
 
 
 def test_the_culprit_chart_legend_is_a_row_above_the_plot_clear_of_the_axis_title():

@@ -319,3 +319,24 @@ def test_input_placeholders_name_the_models_own_inputs(dyn):
     fixed = Workbench(CLAMP)
     assert "fixed: nothing to fill" in fixed.compare_panel.inputs.shapes.placeholder
     assert "x:" not in fixed.engine_panel.shapes.placeholder
+
+
+def test_options_that_cannot_be_used_do_not_leave_the_last_attempts_line(tmp_path):
+    """After a failed run, a new attempt whose options cannot be used (an empty feed path) said nothing about itself
+    in the results: they still read "run #1 ... failed (the reason is above)", and the reason above was the new
+    one. They now say that nothing ran."""
+    from workbench.ui.inputs_box import PATH
+
+    wb = Workbench(CLAMP)
+    panel = wb.compare_panel
+    bad = tmp_path / "nan.npz"
+    np.savez(bad, image=np.full((1, 4, 16, 16), np.nan, np.float32))
+    panel.inputs.source.value = PATH
+    panel.inputs.path.value = str(bad)
+    assert panel.run() is not None
+    assert panel.wait(120) and panel.jobs.error is not None
+    assert "failed (the reason is above)" in panel.summary.value
+    panel.inputs.path.value = ""
+    assert panel.run() is None
+    assert "no feed file given" in panel.jobs.status.value
+    assert "run #" not in panel.summary.value and "nothing ran" in panel.summary.value

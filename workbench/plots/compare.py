@@ -244,16 +244,14 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, b
     if m == "sqnr_db" and any(v == SQNR_EXACT_DB for v in y):
         notes.append(f"exact matches drawn at {SQNR_EXACT_DB:g} dB")
     if notes:
-        # above the plot's top-right corner; with a range slider the legend takes that row: inside the corner then
-        inside = len(tensors) >= ZOOM_LAYERS
-        fig.add_annotation(xref="paper", yref="paper", x=1, y=1 if inside else 1.08, xanchor="right" if inside else
-                           "auto", yanchor="top" if inside else "auto", showarrow=False, text="; ".join(notes),
-                           name="curve notes")
+        # inside the plot's top-right corner: the legend's rows take the room above the plot
+        fig.add_annotation(xref="paper", yref="paper", x=1, y=1, xanchor="right", yanchor="top", showarrow=False,
+                           text="; ".join(notes), name="curve notes")
     verdict = "DIVERGED" if result.diverged else "ok"
     fig.update_layout(title=esc(f"{m} per layer: {result.reference} (reference) vs {result.candidate} (candidate)"
                                 f"{_precision_text(result)}: {verdict}"),
-                      xaxis_title="topological index", yaxis_title=_axis_title(m),
-                      hovermode="closest", template="plotly_white", legend={"orientation": "h", "y": -0.2})
+                      xaxis_title="topological index", yaxis_title=_axis_title(m).replace(" (", "<br>(", 1),
+                      hovermode="closest", template="plotly_white", legend=CULPRIT_LEGEND)
     if log:
         fig.update_yaxes(type="log")
     fig.update_layout(uirevision="layer-error-curve")  # a zoom survives redraws of the selection ring
@@ -266,12 +264,11 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, b
                          automargin=True)
     if len(tensors) >= ZOOM_LAYERS:  # too many layers to read at once: a range slider under the axis
         fig.update_xaxes(rangeslider={**RANGESLIDER, "range": span, "autorange": False})
-        # the legend goes above the plot, where the slider cannot cover it; the title's lines come first
-        fig.update_layout(legend=CULPRIT_LEGEND)
-        fit_title(fig)
-        fig.update_layout(margin={"t": fig.layout.margin.t + LEGEND_ROOM})
-        return fig
-    return fit_title(fig)
+    # the legend goes above the plot (below it, its rows climbed onto the axis title and tick labels, and a range
+    # slider would cover it); the title's lines come first
+    fit_title(fig)
+    fig.update_layout(margin={"t": fig.layout.margin.t + LEGEND_ROOM})
+    return fig
 
 
 #: how opaque the colour bands are behind a plot

@@ -39,8 +39,11 @@ def package_versions() -> dict[str, str]:
             version = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-        if loaded is not None and module != "onnxruntime" and getattr(loaded, "__version__", None):
-            version = str(loaded.__version__)
+        running = str(getattr(loaded, "__version__", "") or "") if loaded is not None else ""
+        if running and module != "onnxruntime" and not running.startswith(version):
+            version = running  # the module this process runs differs from what is installed now (upgraded since)
+        # else the installed version as the package states it: OpenVINO's __version__ adds its build string, so a
+        # run that had imported it would differ from one that had not on the same install
         out[_SHORT.get(dist, dist)] = version
     if "workbench" not in out:
         from .. import __version__
@@ -84,4 +87,15 @@ def environment() -> dict:
 def diff_versions(before: dict, after: dict) -> dict[str, list]:
     """``{package: [before, after]}`` for packages whose version differs (None: not installed)."""
     names = sorted(set(before) | set(after))
-    return {n: [before.get(n), after.get(n)] for n in names if before.get(n) != after.get(n)}
+    return {n: [before.get(n), after.get(n)] for n in names if not _same_release(before.get(n), after.get(n))}
+
+
+def _same_release(a: str | None, b: str | None) -> bool:
+    """Equal versions, or one the other plus a build string (OpenVINO's ``2026.4.1-22982-...``, which bundles
+    written before :func:`package_versions` kept the installed version recorded when openvino was imported)."""
+    if a == b:
+        return True
+    if not isinstance(a, str) or not isinstance(b, str):
+        return False
+    short, long = sorted((a, b), key=len)
+    return long.startswith(short + "-")

@@ -351,6 +351,9 @@ class ComparePanel(PairedPanel, widgets.VBox):
             cand_file = self.candidate_file()
         except Exception as e:  # noqa: BLE001 - bad options are shown, not raised
             self.jobs.status.value = error_html(e, "the comparison")
+            if "no current result" in self.summary.value:  # the line about the last attempt would answer this one
+                self.summary.value = message_html("nothing ran: the options above could not be used (the reason is "
+                                                  "above); no current result", "warn")
             return None
         reference, candidate, mode = self.reference, self.candidate, self.mode.value
         named = f"{Path(cand_file).name} on {candidate}" if cand_file else candidate  # the user's file by its name

@@ -274,6 +274,9 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             options = self.run_options()
         except Exception as e:  # noqa: BLE001 - bad options are shown, not raised
             self.jobs.status.value = error_html(e, "the dataset comparison")
+            if "no current result" in self.summary.value:  # the line about the last attempt would answer this one
+                self.summary.value = message_html("nothing ran: the options above could not be used (the reason is "
+                                                  "above); no current result", "warn")
             return None
         reference, candidate = self.reference, self.candidate
         named = f"{Path(options['cand_model']).name} on {candidate}" if options.get("cand_model") else candidate
