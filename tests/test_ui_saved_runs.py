@@ -79,6 +79,14 @@ def test_a_comparison_is_saved_and_reopened_after_a_restart_in_every_view(runs):
     assert fresh.errors_panel.wait(120) and fresh.errors_panel.values_plot.outputs
     assert fresh.compare_panel.run() is not None and fresh.compare_panel.wait(120)  # a new run: the note goes
     assert fresh.saved_runs.note.value == "" and "reopened" not in fresh.errors_panel.message.value
+    # the run just saved is selected (the previous kernel's stayed selected: Reopen opened an old run), unless the
+    # user chose one, which stays chosen while it is listed
+    assert run_store.wait_saved(60)
+    picker = fresh.saved_runs.picker
+    assert len(picker.options) == 2 and picker.value == picker.options[0][1] != str(entry)
+    picker.value = str(entry)
+    assert fresh.compare_panel.run() is not None and fresh.compare_panel.wait(120) and run_store.wait_saved(60)
+    assert len(picker.options) == 3 and picker.value == str(entry)
 
 
 def test_only_the_newest_runs_are_kept(runs, monkeypatch):

@@ -34,6 +34,9 @@ class SavedRunsBox(widgets.VBox):
                                 layout=widgets.Layout(flex_flow="row wrap", align_items="center"))
         self.note = widgets.HTML()
         self.saved: list[run_store.SavedRun] = []
+        self._picked: str | None = None  # a run the user chose (kept while listed); else the newest is selected
+        self._listing = False
+        self.picker.observe(self._on_pick, "value")
         super().__init__([self.row, self.note])
         self.add_class("wb-saved-runs")
         self.state.observe(lambda _: self.refresh(), "saved")
@@ -55,15 +58,23 @@ class SavedRunsBox(widgets.VBox):
         except OSError as e:
             self.saved = []
             log.warning("saved runs not listed: %s", e)
-        chosen = self.picker.value
-        self.picker.options = [(r.describe(), str(r.path)) for r in self.saved]
         paths = [str(r.path) for r in self.saved]
-        self.picker.value = chosen if chosen in paths else (paths[0] if paths else None)  # else the newest
+        self._listing = True
+        try:
+            self.picker.options = [(r.describe(), p) for r, p in zip(self.saved, paths)]
+            # the user's choice while it is listed, else the newest: a run saved since moves an unchosen selection
+            self.picker.value = self._picked if self._picked in paths else (paths[0] if paths else None)
+        finally:
+            self._listing = False
         shown = bool(self.saved)
         self.picker.layout.display = self.reopen_button.layout.display = "" if shown else "none"
         self.title.value = ('<span class="wb-muted">saved runs of this model (kept across kernel restarts):</span>'
                             if shown else '<span class="wb-muted">no saved runs of this model yet: finished runs '
                             f'are saved to {html.escape(str(run_store.runs_dir()))}</span>')
+
+    def _on_pick(self, change: dict) -> None:
+        if not self._listing:
+            self._picked = change["new"]
 
     def chosen(self) -> run_store.SavedRun | None:
         return next((r for r in self.saved if str(r.path) == self.picker.value), None)
