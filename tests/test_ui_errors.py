@@ -246,3 +246,20 @@ def test_history_is_shared_and_bounded():
         state.remember(r)
     state.remember(results[-1])  # the same run again is not a new entry
     assert list(state.history) == results[-HISTORY_SIZE:]
+
+
+def test_a_layers_index_says_whose_graph_it_counts_in_when_the_reference_is_a_variant():
+    """With an INT8 reference its Q/DQ nodes shift every topological index: Errors said #18 where the Graph tab,
+    drawing the loaded model, said #3 for the same node. The index now names the graph it counts in."""
+    from workbench.compare.api import compare
+    from workbench.ui.errors_panel import layer_html
+
+    model = SAMPLES / "fp16_clamp_constant.onnx"
+    plain = compare(model, "ort", "ort:fp16", culprits=False)
+    variant = compare(model, "ort:int8", "ort:fp16", culprits=False)
+    node = "/head/pool/GlobalAveragePool"
+    a = next(t for t in plain.tensors if t.node == node)
+    b = next(t for t in variant.tensors if t.node == node)
+    assert a.topo_index != b.topo_index
+    assert f"#{a.topo_index})" in layer_html(plain, a, "sqnr_db")
+    assert f"#{b.topo_index} in ort:int8's graph)" in layer_html(variant, b, "sqnr_db")

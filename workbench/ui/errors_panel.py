@@ -392,7 +392,11 @@ def layer_html(result: Any, tensor: Any, metric: str) -> str:
     from ..compare.text import fmt
 
     m = html.escape(metric)
-    text = (f"<b>{html.escape(tensor.node)}</b> ({html.escape(tensor.op_type)}, #{tensor.topo_index}) &rarr; "
+    # the index is in the compared reference graph: a reference variant (ort:int8, its Q/DQ nodes) numbers the
+    # nodes otherwise than the loaded model the Graph tab draws
+    ref = str(getattr(result, "reference", "") or "")
+    where = f" in {html.escape(ref)}'s graph" if ":" in ref and not ref.endswith(":fp32") else ""
+    text = (f"<b>{html.escape(tensor.node)}</b> ({html.escape(tensor.op_type)}, #{tensor.topo_index}{where}) &rarr; "
             f"{html.escape(tensor.tensor)}: {m} {html.escape(fmt(tensor.metrics.get(metric), metric))}")
     bad = tensor.metrics.get("nonfinite_mismatch") or 0
     if bad:
