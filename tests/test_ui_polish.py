@@ -378,3 +378,18 @@ def test_make_notebooks_scrubs_paths_and_draws_pictures(tmp_path):
     assert mk.add_pictures(nb) == 1
     png = base64.b64decode(nb.cells[0].outputs[0].data["image/png"])
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_table_cells_of_ordinary_words_wrap_between_words_only():
+    """The Calibration rules table broke "entropy" as "entrop/y" in a squeezed column: every text cell could break
+    anywhere. Now only a cell holding a long token (a tensor path) may; the stylesheet keeps the others whole."""
+    from importlib.resources import files
+
+    from workbench.ui.tables import WORD_CHARS, cell_html
+
+    assert cell_html("ranks the tensors") == "<td>ranks the tensors</td>"
+    assert cell_html("ort-percentile") == "<td>ort-percentile</td>"
+    long = "/model/layers.0/self_attn/q_proj/MatMul_output_0"
+    assert len(long) > WORD_CHARS and cell_html(long) == f'<td class="wb-long">{long}</td>'
+    css = (files("workbench.ui") / "static" / "workbench.css").read_text()
+    assert ".wb-table td:not(.wb-long) { overflow-wrap: normal; }" in css

@@ -30,11 +30,20 @@ def fmt(value: Any) -> str:
 NUMBER = re.compile(r"[-+]?(\d[\d,.]*|\.\d+|inf|nan|–)(e[-+]?\d+)?\s?(dB|%|x|×|ms|s|[kMG]?B)?", re.IGNORECASE)
 
 
+#: a text cell whose words are all at most this long wraps between words only ("entropy" broke as "entrop/y" in a
+#: squeezed column); longer tokens (tensor paths) may break anywhere
+WORD_CHARS = 24
+
+
 def cell_html(value: Any) -> str:
     """One ``<td>``: numbers (and texts that read as one) get class "wb-num", so they stay on one line."""
     text = fmt(value)
     number = (isinstance(value, numbers.Number) and not isinstance(value, bool)) or NUMBER.fullmatch(text.strip())
-    return f'<td class="wb-num">{html.escape(text)}</td>' if number else f"<td>{html.escape(text)}</td>"
+    if number:
+        return f'<td class="wb-num">{html.escape(text)}</td>'
+    if max((len(w) for w in text.split()), default=0) > WORD_CHARS:  # a long name may break anywhere
+        return f'<td class="wb-long">{html.escape(text)}</td>'
+    return f"<td>{html.escape(text)}</td>"  # ordinary words: wrapped between them only
 
 
 def table_html(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, max_rows: int = 200,
