@@ -122,6 +122,18 @@ def test_sources_stream_and_hash(tmp_path):
     assert len(fed) == 3 and fed[0].feed["x"].shape == (1, 4, 8)
 
 
+def test_a_list_of_numbers_from_preprocess_says_how_it_was_read():
+    """A preprocess returning [1, 2, 3] for a one-input model was reported as "input 'x' has shape [] (rank 0)":
+    a sequence is one array per input. It now says so."""
+    from workbench.dataset.source import _as_feed
+
+    with pytest.raises(InputError, match=r"gave a list of 3 number\(s\): a sequence is read as one array per model "
+                                         r"input") as e:
+        _as_feed([1, 2, 3], ["x"], "sample 0 (a.png) through prep.py:f")
+    assert "np.asarray" in str(e.value)
+    assert _as_feed((np.zeros(2), 7), ["x"], "s")["x"].shape == (2,)  # a DataLoader's (x, label): x
+
+
 def test_image_folder_without_preprocess_is_refused(tmp_path):
     from ocr_dataset import render
 

@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import importlib.util
 import logging
+import numbers
 import os
 import queue
 import stat
@@ -422,6 +423,10 @@ def _as_feed(item: Any, names: list[str], where: str) -> dict[str, np.ndarray]:
     if isinstance(item, Mapping):
         return {str(k): _array(v, where, str(k)) for k, v in item.items()}
     if isinstance(item, (tuple, list)):
+        if item and all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in item):
+            raise InputError(f"{where} gave a {type(item).__name__} of {len(item)} number(s): a sequence is read as "
+                             "one array per model input, in order", "return a numpy array (np.asarray(...)) for "
+                             "one input, or a dict {input name: array}")
         if not names:
             raise InputError(f"{where}: a sequence of arrays needs the model's input names", "yield feed dicts")
         if len(item) < len(names):
