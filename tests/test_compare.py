@@ -50,6 +50,20 @@ def test_metrics_match_independent_numpy():
         assert exact[k] == pytest.approx(v, rel=1e-9), k
 
 
+@pytest.mark.parametrize("scale", [1e-3, 1e-8, 1e-15, -1e-15])
+def test_cosine_of_a_much_smaller_candidate_reads_its_direction(scale):
+    """The cosine came from sums of squares, (|a|^2 + |b|^2 - |a-b|^2) / 2|a||b|, which cancels where the candidate
+    is tiny: a candidate 1e15 times smaller, pointing the same way, read 0. It now agrees with numpy's cosine."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(5000).astype(np.float32)
+    cand = (ref * scale + rng.standard_normal(5000) * abs(scale) * 0.3).astype(np.float32)
+    r64, c64 = ref.astype(np.float64), cand.astype(np.float64)
+    truth = float(r64 @ c64 / np.linalg.norm(r64) / np.linalg.norm(c64))
+    assert compute_metrics(ref, cand)["cosine"] == pytest.approx(truth, abs=1e-6)
+    merged = ErrorStats().update(ref[:2500], cand[:2500]).merge(ErrorStats().update(ref[2500:], cand[2500:]))
+    assert merged.metrics()["cosine"] == pytest.approx(truth, abs=1e-6)
+
+
 def test_huge_finite_values_give_a_number_and_a_failing_verdict(tmp_path, capsys):
     """float32 values past ~1e19 square past float32's range: the SQNR is still measured (float64 sums), and
     a metric that is not a number never passes a criterion."""

@@ -45,6 +45,7 @@ class ErrorStats:
     sum_ref2: float = 0.0
     sum_cand2: float = 0.0
     sum_err2: float = 0.0
+    sum_dot: float = 0.0  # sum(r*c): the cosine where |c| << |r| (see _cosine)
     nonfinite_mismatch: int = 0
     nonfinite_agree: int = 0
     shape_mismatch: str | None = None
@@ -87,11 +88,12 @@ class ErrorStats:
         self.sum_ref2 += _square_sum(r)
         self.sum_cand2 += _square_sum(c)
         self.sum_err2 += _square_sum(d)
+        self.sum_dot += _dot(r, c)
         return self
 
     def merge(self, other: ErrorStats) -> ErrorStats:
         """Combine two accumulators (e.g. from chunks run separately)."""
-        for name in ("count", "compared", "sum_abs", "sum_ref_abs", "sum_ref2", "sum_cand2", "sum_err2",
+        for name in ("count", "compared", "sum_abs", "sum_ref_abs", "sum_ref2", "sum_cand2", "sum_err2", "sum_dot",
                      "nonfinite_mismatch", "nonfinite_agree"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("max_abs", "max_rel", "max_ref"):
@@ -122,7 +124,7 @@ class ErrorStats:
                 max_rel=self.max_rel,
                 norm_max_abs=_ratio(self.max_abs, self.max_ref),
                 norm_mean_abs=_ratio(self.sum_abs, self.sum_ref_abs),
-                cosine=_cosine(self.sum_ref2, self.sum_cand2, self.sum_err2),
+                cosine=_cosine(self.sum_ref2, self.sum_cand2, self.sum_err2, self.sum_dot),
                 sqnr_db=_sqnr(self.sum_ref2, self.sum_err2),
             )
         return numeric | {"nonfinite_mismatch": self.nonfinite_mismatch}
@@ -145,13 +147,32 @@ def _ratio(num: float, den: float) -> float:
     return 0.0 if num == 0 else math.inf
 
 
-def _cosine(a2: float, b2: float, e2: float) -> float:
-    """cos = a.b / (|a||b|) with a.b = (|a|^2 + |b|^2 - |a-b|^2) / 2: accurate near 1, where a.b is not."""
+def _cosine(a2: float, b2: float, e2: float, dot: float | None = None) -> float:
+    """cos = a.b / (|a||b|) with a.b = (|a|^2 + |b|^2 - |a-b|^2) / 2: accurate near 1, where a summed a.b is not.
+    Where that difference cancels (|b| << |a|: |a-b| ~ |a|, e.g. a candidate 1e15 times smaller read 0), the summed
+    ``dot`` is used instead."""
     if a2 == 0 and b2 == 0:
         return 1.0
     if a2 == 0 or b2 == 0:
         return 0.0
-    return max(-1.0, min(1.0, (a2 + b2 - e2) / (2.0 * math.sqrt(a2 * b2))))
+    num = a2 + b2 - e2
+    if dot is not None and abs(num) < CANCELLED * (a2 + b2 + e2):
+        num = 2.0 * dot
+    return max(-1.0, min(1.0, num / (2.0 * math.sqrt(a2 * b2))))
+
+
+#: below this share of the sums of squares, |a|^2 + |b|^2 - |a-b|^2 is rounding (the sums are float32 for narrow
+#: types): the cosine reads the summed dot product instead
+CANCELLED = 1e-2
+
+
+def _dot(r: np.ndarray, c: np.ndarray) -> float:
+    """sum(r*c) in float64 when float32 would overflow (as :func:`_square_sum`)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = float(np.dot(r, c))
+    if math.isfinite(v):
+        return v
+    return float(np.dot(r.astype(np.float64), c.astype(np.float64)))
 
 
 def _max_rel(ad: np.ndarray, ar: np.ndarray) -> float:
