@@ -295,3 +295,27 @@ def test_console_script_runs_without_traceback(tmp_path):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "workbench", "inspect"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_a_file_whose_declared_types_contradict_its_nodes_says_it_is_inconsistent(tmp_path, capsys):
+    """onnxconverter-common's FP16 conversion of PP-OCRv3's recognizer declares a Cast's output float16 while the
+    Cast makes float: ONNX Runtime refuses it with a Type Error. The hint was about marked tensors and opsets; it
+    now says the file contradicts itself and how to check it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from workbench.cli import main
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["c"], name="Cast_0", to=TensorProto.FLOAT),
+         helper.make_node("Relu", ["c"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 4])],
+        value_info=[helper.make_tensor_value_info("c", TensorProto.FLOAT16, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "bad.onnx")
+    graph.value_info[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "good.onnx")
+    code = main(["compare", str(tmp_path / "good.onnx"), "--cand", "ort", "--cand-model", str(tmp_path / "bad.onnx")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Type Error" in err and "the model file is inconsistent" in err, err

@@ -219,6 +219,11 @@ def _error(what: str, exc: BaseException, hint: str) -> EngineRunError:
     match = re.search(r"[Nn]ode \(([^)]+)\)|[Nn]ame:\s*'([^']+)'|In Node, \(\"([^\"]+)\"|node ([^\s,]+) failed", text)
     node = next((g for g in match.groups() if g), None) if match else None
     where = f" at node {node}" if node else ""
+    if "Type Error" in text or "does not match expected type" in text:  # the file contradicts itself
+        hint = ("the model file is inconsistent: a node's declared type disagrees with what its inputs give (a "
+                "converter bug, e.g. onnxconverter-common's float16 Casts on some models); check it with "
+                "onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True), or convert it again "
+                "(--cand ort:fp16 converts the FP32 model itself)")
     return EngineRunError(f"{what}{where}: {text[:400] or type(exc).__name__}", hint)
 
 

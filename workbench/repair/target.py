@@ -124,7 +124,8 @@ class Target:
 
     def to_json(self) -> dict:
         if self.metric is None:
-            return {"kind": "criterion", "criterion": self.criterion.text(), "text": self.describe()}
+            return {"kind": "criterion", "criterion": self.criterion.text(), "aggregate": "every feed",
+                    "text": self.describe()}
         return {"kind": "metric", "metric": self.metric_label, "op": self.op, "threshold": self.threshold,
                 "aggregate": "mean" if self.aggregate == "mean" else "worst feed", "text": self.describe(),
                 "criterion": self.criterion.text()}
