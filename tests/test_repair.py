@@ -468,3 +468,42 @@ def test_a_target_met_by_undoing_most_of_the_int8_conversion_says_so(tmp_path, c
     kept = json.loads((tmp_path / "k.json").read_text())
     assert kept["met"] and kept["weights"]["after"]["share"] >= 0.5 * kept["weights"]["before"]["share"]
     assert not any("undoing" in n for n in kept["notes"])
+
+
+def test_a_model_with_an_if_keeps_its_control_flow_when_repaired(tmp_path):
+    """Repair used to compare with the If inlined (every feed took its then-branch) and wrote that flattened graph
+    as the repaired model: the else-branch was gone and a feed taking it read -19 dB. The repaired model now keeps
+    the If, the If is not offered as an island (its subgraphs stay FP16) and the result says why; naming it is
+    refused in one line."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W")
+    big, small, zero = (numpy_helper.from_array(np.array(v, np.float32), n)
+                        for n, v in (("big", 1e4), ("small", 1e-3), ("zero", 0.0)))
+    then = helper.make_graph([helper.make_node("Mul", ["x", "big"], ["th"], name="t_mul"),
+                              helper.make_node("MatMul", ["th", "W"], ["ta"], name="t_mm"),
+                              helper.make_node("Mul", ["ta", "small"], ["tout"], name="t_scale")], "then", [],
+                             [helper.make_tensor_value_info("tout", TensorProto.FLOAT, [1, 16])])
+    other = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["eout"], name="e_mm")], "else", [],
+                              [helper.make_tensor_value_info("eout", TensorProto.FLOAT, [1, 16])])
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["sx"], name="rs", keepdims=0),
+         helper.make_node("Greater", ["sx", "zero"], ["cond"], name="gt"),
+         helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then, else_branch=other),
+         helper.make_node("Relu", ["y"], ["out"], name="relu")], "ifm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 16])], [w, big, small, zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "if.onnx")
+    x = np.abs(rng.standard_normal((1, 16))).astype(np.float32) * 10  # sum > 0: the then-branch, overflowing FP16
+    res = repair(str(tmp_path / "if.onnx"), "ort", "ref:fp16", feeds=[{"x": x}], out=tmp_path / "fixed.onnx",
+                 verify=None)
+    fixed = onnx.load(tmp_path / "fixed.onnx")
+    assert [n.op_type for n in fixed.graph.node if n.op_type == "If"] == ["If"]
+    assert not res.met and "if" not in res.kept
+    assert any("culprit if (If) holds subgraphs" in n for n in res.notes), res.notes
+    assert not any("flagged no culprit" in n for n in res.notes)
+    with pytest.raises(RepairError, match="holding subgraphs"):
+        repair(str(tmp_path / "if.onnx"), "ort", "ref:fp16", feeds=[{"x": x}], nodes=["if"], verify=None)

@@ -40,7 +40,7 @@ from .weights import precision_share
 log = logging.getLogger(__name__)
 
 #: compare() options repair uses unless given: a long culprit list, impact measured on the top ones
-COMPARE_DEFAULTS = {"max_culprits": 64, "impact": 8}
+COMPARE_DEFAULTS = {"max_culprits": 64, "impact": 8, "inline_branches": False}
 #: the comparison's marked tensors, without a memory budget given: repair needs its culprits, not the fastest
 #: comparison (FP16 repair of the PP-OCR detectors and recognizers: peak RSS 0.87-1.21 GiB -> 0.56-0.69 GiB, time
 #: +0.1-1.3 s; compare's own default budget is a quarter of RAM, at most 4G)
@@ -345,7 +345,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         builds_detail={"search": ev.search_builds, **by_role, "comparison": result.builds},
         executor=spec.describe(), model=repaired, plan=plan,
         repairs=describe([rw for rw in rewritten if rw.node not in set(kept)], kept))
-    if not pool and nodes is None:
+    if not pool and nodes is None and not any("holds subgraphs" in n for n in res.notes):
         res.notes.append("the comparison flagged no culprit to keep")
     return res
 

@@ -48,6 +48,11 @@ def remove_qdq(candidate: onnx.ModelProto, reference: onnx.ModelProto, nodes: It
     return IslandBuilder(candidate, reference, "qdq").build(nodes)
 
 
+def holds_subgraphs(node: onnx.NodeProto) -> bool:
+    """An If/Loop/Scan (or any node with a graph attribute): repair keeps nodes outside them only."""
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
 class IslandBuilder:
     """Builds repaired variants of one candidate: :meth:`build` for a set of nodes, :meth:`switchable` for a pool.
     ``kind``: "float" (FP16/BF16 islands), "qdq" (Q/DQ removal) or None (read from the candidate)."""
@@ -103,6 +108,11 @@ class IslandBuilder:
             node = self.idx.node(name)
             if node.op_type in QDQ_OPS:
                 raise RepairError(f"node {name!r} is a {node.op_type}", "name the node it quantizes for instead")
+            if holds_subgraphs(node):
+                raise RepairError(f"node {name!r} is a{'n' if node.op_type[0] in 'AEIOU' else ''} {node.op_type} "
+                                  "holding subgraphs: keeping it in reference precision is not supported",
+                                  "name nodes outside it (workbench compare shows the nodes inside its branch "
+                                  "when every feed takes the same one)")
         return names
 
     def build(self, nodes: Iterable[str]) -> onnx.ModelProto:

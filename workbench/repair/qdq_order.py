@@ -24,7 +24,7 @@ import numpy as np
 from ..core.floats import decode_float
 from ..errors import EngineRunError
 from .graph import QDQ_OPS
-from .islands import IslandBuilder
+from .islands import IslandBuilder, holds_subgraphs
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ def quantized_nodes(builder: IslandBuilder) -> list[str]:
     idx = builder.idx
     out = []
     for node in idx.nodes:
-        if not node.name or node.op_type in QDQ_OPS or node.op_type == "Constant" or node.name in idx.sub_names:
+        if not node.name or node.op_type in QDQ_OPS or node.op_type == "Constant" or node.name in idx.sub_names \
+                or holds_subgraphs(node):
             continue  # a Constant computes nothing to keep in float (its reader is the node to keep)
         reads = any((p := idx.producer.get(i)) is not None and p.op_type == "DequantizeLinear" for i in node.input)
         writes = any(c.op_type == "QuantizeLinear" for o in node.output if o for c in idx.consumers.get(o, []))

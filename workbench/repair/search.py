@@ -44,12 +44,18 @@ def candidate_pool(result, plan, known: set[str], limit: int = 64, notes: list[s
         if name not in known:
             notes.append(f"culprit {name} has no node of that name in the candidate: not tried")
             return
+        if name in holders:
+            notes.append(f"culprit {name} ({holders[name]}) holds subgraphs: keeping it in reference "
+                         "precision is not supported, so it was not tried (the repaired model keeps its control "
+                         "flow; compare shows the nodes inside a branch every feed takes)")
+            return
         pool.append(name)
 
     def overflowing(tensor: str) -> bool:
         return bool(((floors.get(tensor) or {}).get("share_over_max") or 0) > 0)
 
     graph = plan.ref_graph
+    holders = {s.node: s.op_type for s in graph.subgraphs}  # If/Loop/Scan nodes (top level or nested)
     for c in result.culprits:
         add(c.node)
         frontier = [c.tensor] if overflowing(c.tensor) else []
