@@ -507,3 +507,18 @@ def test_a_model_with_an_if_keeps_its_control_flow_when_repaired(tmp_path):
     assert not any("flagged no culprit" in n for n in res.notes)
     with pytest.raises(RepairError, match="holding subgraphs"):
         repair(str(tmp_path / "if.onnx"), "ort", "ref:fp16", feeds=[{"x": x}], nodes=["if"], verify=None)
+
+
+@pytest.mark.parametrize("verify, said", [("torch", "runs a torch module"), ("ort:fp16", "name the engine alone")])
+def test_a_verify_engine_that_cannot_check_the_file_is_refused_before_any_work(tmp_path, capsys, verify, said):
+    """--verify torch crashed (exit 3) after the whole search, losing the repair; now it is refused first."""
+    out = tmp_path / "fixed.onnx"
+    assert main(["repair", str(CLAMP), "--cand", "ort:fp16", "--verify", verify, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "internal error" not in err and not out.exists()
+
+
+def test_verify_on_the_candidates_own_engine_says_it_used_another():
+    res = repair(str(CLAMP), "ort", "ort:fp16", verify="ort")
+    assert res.verification["independent"]["engine"].startswith("ref")
+    assert any(n.startswith("--verify ort is the candidate's own engine") for n in res.notes), res.notes

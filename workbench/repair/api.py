@@ -102,6 +102,7 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
         _check_ray()
     if batch not in BATCH:
         raise RepairError(f"unknown batch mode {batch!r}", f"use one of {', '.join(BATCH)}")
+    _check_verify(verify)
     if isinstance(max_builds, bool) or not isinstance(max_builds, int) or max_builds < 1:
         raise RepairError(f"max_builds must be a whole number >= 1, not {max_builds!r}")
     out_path = _check_out(out, model, cand_model)
@@ -312,6 +313,8 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     notes += ev.notes
     t2 = time.perf_counter()
     independent = _independent(plan, repaired, ev, builder.kind, verify)
+    if independent.get("note"):
+        notes.append(independent["note"])
     timing["verify_s"] = time.perf_counter() - t2
     if final.met and independent.get("met") is False and builder.kind == "qdq":
         notes.insert(0, f"the repaired model meets the target on {plan.cand_spec.engine} but not on "
@@ -449,6 +452,28 @@ def _spill_weights(builder: IslandBuilder):
     return folder
 
 
+def _check_verify(verify: str | None) -> None:
+    """Refuse, before any work, an independent engine that cannot run the repaired ONNX file here."""
+    if not verify or verify in ("none", "auto"):
+        return
+    from ..engines.registry import class_for
+    from ..engines.spec import EngineSpec
+
+    spec = EngineSpec.parse(verify)
+    if spec.variant != "fp32":
+        raise RepairError(f"--verify {verify}: the independent check runs the repaired model as written",
+                          f"name the engine alone (--verify {spec.engine})")
+    cls = class_for(spec.engine)
+    if getattr(cls, "runs_module", False):
+        raise RepairError(f"--verify {verify}: the {spec.engine} engine runs a torch module, and the repaired model is "
+                          "an ONNX file", "verify on an ONNX engine: ref, ort or openvino (or none)")
+    available = getattr(cls, "availability", None)
+    ok, why = available() if callable(available) else (True, "")
+    if not ok:
+        raise RepairError(f"--verify {verify}: {why}", "verify on an engine this machine runs: ref, ort or openvino "
+                          "(or none)")
+
+
 def _independent(plan, model: onnx.ModelProto, ev: Evaluator, kind: str, verify: str | None) -> dict:
     """The repaired model on another engine than the candidate's, judged against the same reference outputs."""
     from ..engines import get_engine
@@ -459,6 +484,7 @@ def _independent(plan, model: onnx.ModelProto, ev: Evaluator, kind: str, verify:
         name, options = "ort", {"graph_optimization": "disable"}  # what `ref` computes, ~100x faster on convolutions
     else:
         name = "ref" if verify == "auto" else verify
+        requested = name
         if name == plan.cand_spec.engine:
             name = "ort" if name == "ref" else "ref"
         from ..model.mapped import has_mapped
@@ -475,7 +501,11 @@ def _independent(plan, model: onnx.ModelProto, ev: Evaluator, kind: str, verify:
         log.warning("independent verification on %s failed: %s", name, e)
         return {"engine": name, "error": f"{name}: {e}"}
     label = name + "".join(f" ({k}={v})" for k, v in options.items())
-    return {"engine": label, **ev.judge_outputs(results).to_json(), "seconds": round(time.perf_counter() - t0, 3)}
+    out = {"engine": label, **ev.judge_outputs(results).to_json(), "seconds": round(time.perf_counter() - t0, 3)}
+    if verify not in ("auto", None) and locals().get("requested") not in (None, name):
+        out["note"] = (f"--verify {verify} is the candidate's own engine, which the candidate check ran already: "
+                       f"verified on {name} instead")
+    return out
 
 
 def _check(model: onnx.ModelProto) -> dict:
