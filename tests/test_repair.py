@@ -522,3 +522,19 @@ def test_verify_on_the_candidates_own_engine_says_it_used_another():
     res = repair(str(CLAMP), "ort", "ort:fp16", verify="ort")
     assert res.verification["independent"]["engine"].startswith("ref")
     assert any(n.startswith("--verify ort is the candidate's own engine") for n in res.notes), res.notes
+
+
+def test_an_interrupt_while_the_bundle_is_written_leaves_no_repaired_model(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the repaired model was written but before the bundle and JSON: exit 130 left the model (from a
+    run that said "interrupted") and nothing else. The run now leaves none of its outputs."""
+    from workbench.repair.result import RepairResult
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RepairResult, "save_bundle", interrupted)
+    out = tmp_path / "fixed.onnx"
+    code = main(["repair", str(CLAMP), "--cand", "ort:fp16", "--out", str(out), "--bundle", str(tmp_path / "b"),
+                 "--json", str(tmp_path / "r.json")])
+    assert code == 130 and "interrupted" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

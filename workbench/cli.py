@@ -398,14 +398,29 @@ def cmd_repair(args: argparse.Namespace) -> int:
         progress=_progress_logger() if args.verbose else None,
     )
     code = _verdict(result.exit_code)
-    if args.bundle:
-        path = result.save_bundle(args.bundle, zip=args.bundle.lower().endswith(".zip"))
-        _say(f"bundle written to {path} (rerun it: workbench rerun {shlex.quote(str(path))})")
-    if args.json:
-        _write_json(result.to_json(), args.json)
+    try:
+        if args.bundle:
+            path = result.save_bundle(args.bundle, zip=args.bundle.lower().endswith(".zip"))
+            _say(f"bundle written to {path} (rerun it: workbench rerun {shlex.quote(str(path))})")
+        if args.json:
+            _write_json(result.to_json(), args.json)
+    except BaseException:  # interrupted or failed before its other outputs: the run leaves no repaired model either
+        _remove_written_model(result.model_path)
+        raise
     if args.json != "-":
         print(printable_lines(result.render()))
     return code
+
+
+def _remove_written_model(path: str | None) -> None:
+    """Delete the repaired model a run wrote (and its external data) when the run ends without its other outputs."""
+    from pathlib import Path
+
+    if not path:
+        return
+    for p in (Path(path), Path(f"{path}.data")):
+        with contextlib.suppress(OSError):
+            p.unlink()
 
 
 def _code_inputs(args: argparse.Namespace) -> dict[str, str | None]:

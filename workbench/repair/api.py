@@ -366,14 +366,15 @@ def _mostly_undone(weights: dict, plan, metric) -> str | None:
     if not before or after is None or after >= UNDONE_SHARE * before:
         return None
     family = str(weights.get("family") or "").upper()
-    how = []
+    why, how = [], []
     if plan.feed_info.get("source") == "random":
+        why.append("random inputs are far from what the model sees")
         how.append("real inputs (--inputs DIR" + (", and --calib DIR for the INT8 ranges" if family == "INT8" else "")
                    + ")")
     if metric is None:
+        why.append("an output criterion asks for more than the task may need")
         how.append("a task metric (--metric, with --target) instead of the output criterion")
-    advice = (": random inputs are far from what the model sees, and an output criterion asks for more than the "
-              f"task needs; give {' and '.join(how)}") if how else ""
+    advice = f": {', and '.join(why)}; give {' and '.join(how)}" if how else ""
     return (f"the target was met by undoing most of the {family} conversion: {100 * after:.1f}% of the weight bytes "
             f"stay {family} ({100 * before:.1f}% before){advice}")
 
