@@ -538,3 +538,15 @@ def test_an_interrupt_while_the_bundle_is_written_leaves_no_repaired_model(tmp_p
                  "--json", str(tmp_path / "r.json")])
     assert code == 130 and "interrupted" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_target_a_true_false_metric_can_never_reach_is_refused(tmp_path):
+    """--target '>=2' on a metric returning bools searched the whole pool and reported a 'closest set' that changed
+    nothing; it is now refused once the baseline shows the metric's values are true/false."""
+    path = tmp_path / "task_metric.py"
+    path.write_text(METRIC)
+    with pytest.raises(RepairError, match=r"can never be met: .*close returns true/false"):
+        repair(str(CLAMP), "ort", "ort:fp16", metric=f"{path}:close", target=">=2", verify=None, rewrites=False)
+    res = repair(str(CLAMP), "ort", "ort:fp16", metric=f"{path}:close", target="mean>=0.5", verify=None,
+                 rewrites=False)
+    assert res.met

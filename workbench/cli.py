@@ -755,8 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "or of images with --preprocess, or N random feeds; default: the --inputs feeds)")
     p.add_argument("--nodes", nargs="+", metavar="NODE", help="search among these nodes (reference names, best "
                    "first) instead of the comparison's culprits")
-    p.add_argument("--max-builds", type=COUNT, default=40, metavar="N", help="cap on candidate builds by the "
-                   "search (default 40)")
+    p.add_argument("--max-builds", type=COUNT, default=40, metavar="N", help="cap on the search's candidate "
+                   "builds (default 40; the Q/DQ ordering's group testing, the baseline and the verification build "
+                   "apart from it, counted in the result's builds)")
     p.add_argument("--batch", choices=["auto", "switch", "build"], default="auto", help="switch: one switchable "
                    "model, a run per evaluated set; build: a build per set; auto: switch for FP16/BF16, build for Q/DQ")
     p.add_argument("--memory-budget", type=_size, metavar="SIZE", help="peak memory for the comparison's marked "

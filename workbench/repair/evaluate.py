@@ -34,7 +34,7 @@ import numpy as np
 from ..core.metrics import ErrorStats
 from ..errors import EngineRunError
 from .islands import IslandBuilder
-from .target import Judgement, Target
+from .target import _OPS, Judgement, Target
 
 log = logging.getLogger(__name__)
 
@@ -233,16 +233,21 @@ class Evaluator:
         if self.stops_early:
             return missed > 0
         n, target = len(self.plan.cand_feeds), self.target
-        from .target import _OPS
-
         best = (n - missed) / n if target.op in (">=", ">") else missed / n
         return missed > 0 and not _OPS[target.op](best, target.threshold)
 
     def _note_baseline(self, ev: Evaluation) -> None:
         """After the baseline: a mean target over bool results may stop a search evaluation early."""
         t = self.target
+        bools = bool(ev.values) and all(isinstance(v, (bool, np.bool_)) for v in ev.values)
         self.bool_mean = (t.metric is not None and t.aggregate == "mean" and t.op in (">=", ">", "<=", "<")
-                          and bool(ev.values) and all(isinstance(v, (bool, np.bool_)) for v in ev.values))
+                          and bools)
+        if t.metric is not None and bools and t.op in (">=", ">", "<=", "<") \
+                and not any(_OPS[t.op](v, t.threshold) for v in (0.0, 1.0)):
+            from .graph import RepairError
+
+            raise RepairError(f"the target {t.describe()} can never be met: {t.metric_label} returns true/false, "
+                              "which read as 1/0", "use >=1 (every feed passes) or mean>=X with X in [0, 1]")
 
     def _move_to_front(self, ev: Evaluation) -> None:
         failed = [i for i, ok in ev.feed_met.items() if not ok]
