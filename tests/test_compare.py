@@ -270,6 +270,34 @@ def test_an_output_of_another_shape_diverges_and_says_so(tmp_path, capsys):
     assert result.diverged and result.tensor("logits").metrics["shape_mismatch"] == "reference [1, 10] vs candidate [3]"
 
 
+def test_a_candidate_file_of_another_model_is_refused_for_what_it_is(tmp_path, capsys):
+    """A --cand-model that is another model sharing tensor names (PP-OCRv3's detector against v4's) failed inside
+    the culprit isolation with "Got invalid dimensions for input relu_8.tmp_0 ... check the feeds". Tensors of one
+    name and different static shapes are now caught first: most of them -> not a conversion, one line, exit 2."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def chain(width: int) -> onnx.ModelProto:
+        rng = np.random.default_rng(width)
+        w1 = numpy_helper.from_array(rng.standard_normal((4, width)).astype(np.float32), "W1")
+        w2 = numpy_helper.from_array(rng.standard_normal((width, 4)).astype(np.float32), "W2")
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"],
+                                                                                           name="relu"),
+             helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2")], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w1, w2])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        return model
+
+    onnx.save(chain(4), tmp_path / "ref.onnx")
+    onnx.save(chain(8), tmp_path / "other.onnx")
+    code = main(["compare", str(tmp_path / "ref.onnx"), "--cand", "ort", "--cand-model", str(tmp_path / "other.onnx")])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not look like a conversion of the reference: 2 of 3 tensors" in err, err
+    assert "h [1, 4] in the reference, [1, 8] in the candidate" in err
+
+
 def test_an_engine_that_returns_no_output_is_named_not_ok(capsys):
     """An engine whose run() returns none of the requested tensors: one line naming it and the output, exit 3 (it
     was: "0 tensors compared", verdict ok, exit 0)."""

@@ -51,3 +51,26 @@ def pair_tensors(ref: GraphInfo, candidate: onnx.ModelProto, views: dict[str, st
             if view in available:
                 pairs.append(TensorPair(out, node.name, node.op_type, node.topo_index, view))
     return pairs
+
+
+def conflicting_shapes(ref: GraphInfo, cand_types: dict[str, onnx.TypeProto], pairs: list[TensorPair]
+                       ) -> list[tuple[TensorPair, tuple, tuple]]:
+    """Pairs whose two tensors have static shapes that cannot be the same (another rank, or a fixed dimension that
+    differs): (pair, reference shape, candidate shape). Such a pair is two different tensors that share a name, as
+    when the candidate file is another model rather than a conversion of the reference."""
+    out = []
+    outputs = set(ref.outputs)  # a graph output of another shape is a divergence the verdict names, not a pair to drop
+    for p in pairs:
+        if p.tensor in outputs:
+            continue
+        info = ref.tensors.get(p.tensor)
+        t = cand_types.get(p.candidate)
+        if info is None or info.shape is None or t is None or not t.tensor_type.HasField("shape"):
+            continue
+        theirs = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                       for d in t.tensor_type.shape.dim)
+        ours = tuple(info.shape)
+        if len(ours) != len(theirs) or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                           for a, b in zip(ours, theirs)):
+            out.append((p, ours, theirs))
+    return out

@@ -222,6 +222,8 @@ class ComparisonPlan(PlanEngines):
             Criterion.parse(given) if given else Criterion.default_for(self.family))
         # pairs, boundaries, feeds, floors
         self.pairs = pair_tensors(self.ref_graph, self.cand_inferred, self.views)
+        self.pairs = _drop_conflicting(self.ref_graph, self.cand_types, self.pairs, self.notes,
+                                       user_file=self.cand_source is not None)
         self.notes += _check_outputs_paired(self.ref_graph, self.pairs, self.cand_model)
         self.granularity: dict = {}
         if opts.granularity == "fused":  # only the candidate engine's fused-group boundaries
@@ -393,6 +395,28 @@ def _feeds(model: onnx.ModelProto, feeds: Any, opts: CompareOptions) -> tuple[li
     given = check_feeds(model, feeds_from(feeds))
     check_run_fits(model, given, budget, explicit)
     return given, {"source": source, "count": len(given)}
+
+
+def _drop_conflicting(ref_graph, cand_types: dict, pairs: list, notes: list[str], user_file: bool) -> list:
+    """``pairs`` less those whose tensors cannot have the same shape (:func:`~.pairs.conflicting_shapes`), with a
+    note; a user's candidate file where most named tensors conflict is refused: it is another model, not a
+    conversion of the reference."""
+    from .pairs import conflicting_shapes
+
+    bad = conflicting_shapes(ref_graph, cand_types, pairs)
+    if not bad:
+        return pairs
+    p, ours, theirs = bad[0]
+    example = f"{p.tensor} {list(ours)} in the reference, {list(theirs)} in the candidate"
+    if user_file and len(bad) * 2 > len(pairs):
+        raise InputError(f"the candidate file does not look like a conversion of the reference: {len(bad)} of "
+                         f"{len(pairs)} tensors of the same name have other shapes (first: {example})",
+                         "compare a conversion of this model (the same graph in another precision): tensors are "
+                         "matched by name")
+    notes.append(f"{len(bad)} tensor(s) of the same name have other shapes on the two sides and were not compared "
+                 f"(first: {example})")
+    dropped = {id(q) for q, _, _ in bad}
+    return [q for q in pairs if id(q) not in dropped]
 
 
 def _inline_decided_ifs(loaded: LoadedModel, feeds: list[dict], notes: list[str]) -> LoadedModel:
