@@ -550,3 +550,11 @@ def test_a_target_a_true_false_metric_can_never_reach_is_refused(tmp_path):
     res = repair(str(CLAMP), "ort", "ort:fp16", metric=f"{path}:close", target="mean>=0.5", verify=None,
                  rewrites=False)
     assert res.met
+
+
+def test_a_metric_returning_nan_is_refused_at_the_baseline(tmp_path):
+    """A metric returning NaN ran the whole search and ended "nan -> nan, NOT REACHED"; it is refused at once."""
+    path = tmp_path / "nan_metric.py"
+    path.write_text("def nan(ref, cand):\n    return float('nan')\n")
+    with pytest.raises(RepairError, match=r"returned NaN on 1 feed\(s\) \(first: feed 0\)"):
+        repair(str(CLAMP), "ort", "ort:fp16", metric=f"{path}:nan", target=">=0.5", verify=None, rewrites=False)

@@ -239,6 +239,13 @@ class Evaluator:
     def _note_baseline(self, ev: Evaluation) -> None:
         """After the baseline: a mean target over bool results may stop a search evaluation early."""
         t = self.target
+        nan = [i for i, v in zip(sorted(ev.feed_met), ev.values) if isinstance(v, (float, np.floating)) and v != v]
+        if t.metric is not None and nan:
+            from .graph import RepairError
+
+            raise RepairError(f"{t.metric_label} returned NaN on {len(nan)} feed(s) (first: feed {nan[0]}) of the "
+                              "model as converted: a target cannot be judged on it", "make the metric return a number "
+                              "for every feed (e.g. guard its divisions)")
         bools = bool(ev.values) and all(isinstance(v, (bool, np.bool_)) for v in ev.values)
         self.bool_mean = (t.metric is not None and t.aggregate == "mean" and t.op in (">=", ">", "<=", "<")
                           and bools)
