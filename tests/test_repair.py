@@ -558,3 +558,25 @@ def test_a_metric_returning_nan_is_refused_at_the_baseline(tmp_path):
     path.write_text("def nan(ref, cand):\n    return float('nan')\n")
     with pytest.raises(RepairError, match=r"returned NaN on 1 feed\(s\) \(first: feed 0\)"):
         repair(str(CLAMP), "ort", "ort:fp16", metric=f"{path}:nan", target=">=0.5", verify=None, rewrites=False)
+
+
+def test_a_weight_quantized_as_the_model_runs_counts_as_int8():
+    """quantize_static leaves a weight held in a Constant node float, behind QuantizeLinear -> DequantizeLinear (the
+    PP-OCR models): "weight bytes still in the candidate precision" read 0% before and after a repair, so a repair
+    that undid the whole conversion said nothing. Such a weight counts as INT8 (one byte a value)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from workbench.repair.weights import precision_share
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w_value")
+    scale, zero = numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(
+        np.array(0, np.int8), "z")
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["W"], name="w", value=w),
+         helper.make_node("QuantizeLinear", ["W", "s", "z"], ["Wq"], name="q"),
+         helper.make_node("DequantizeLinear", ["Wq", "s", "z"], ["Wd"], name="dq"),
+         helper.make_node("MatMul", ["x", "Wd"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [scale, zero])
+    share = precision_share(helper.make_model(graph), "int8")
+    assert share["share"] == pytest.approx(64 * 64 / (64 * 64 + 4), rel=1e-9), share

@@ -18,11 +18,24 @@ def weight_bytes(model: onnx.ModelProto) -> Counter:
     DequantizeLinear reads (integer biases included)."""
     consts = constants(model)
     quantized = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input}
+    # a float constant quantized as the model runs (Constant -> QuantizeLinear -> DequantizeLinear, as quantize_static
+    # leaves weights held in Constant nodes, e.g. PP-OCR's) is an INT8 weight too: counted as its int8 bytes
+    runtime = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input
+               and n.input[0] in consts and n.input[0] not in quantized}
     out: Counter = Counter()
     for name, t in consts.items():
-        if t.data_type in FLOATS or name in quantized:
+        if name in runtime:
+            out["int8"] += _count(t)  # one byte per value once quantized
+        elif t.data_type in FLOATS or name in quantized:
             out[TensorProto.DataType.Name(t.data_type).lower()] += tensor_nbytes(t)
     return out
+
+
+def _count(t: TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n
 
 
 def precision_share(model: onnx.ModelProto, family: str) -> dict:
