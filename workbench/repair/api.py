@@ -481,12 +481,13 @@ def _independent(plan, model: onnx.ModelProto, ev: Evaluator, kind: str, verify:
 
     if not verify or verify == "none":
         return {"skipped": "not requested"}
+    requested = None  # an engine the user named, when another one checks instead
     if verify == "auto" and kind == "qdq":  # Q/DQ unfused (dequantize, compute, quantize), as the ONNX spec reads it:
         name, options = "ort", {"graph_optimization": "disable"}  # what `ref` computes, ~100x faster on convolutions
     else:
         name = "ref" if verify == "auto" else verify
-        requested = name
         if name == plan.cand_spec.engine:
+            requested = None if verify == "auto" else name
             name = "ort" if name == "ref" else "ref"
         from ..model.mapped import has_mapped
 
@@ -503,7 +504,7 @@ def _independent(plan, model: onnx.ModelProto, ev: Evaluator, kind: str, verify:
         return {"engine": name, "error": f"{name}: {e}"}
     label = name + "".join(f" ({k}={v})" for k, v in options.items())
     out = {"engine": label, **ev.judge_outputs(results).to_json(), "seconds": round(time.perf_counter() - t0, 3)}
-    if verify not in ("auto", None) and locals().get("requested") not in (None, name):
+    if requested is not None:
         out["note"] = (f"--verify {verify} is the candidate's own engine, which the candidate check ran already: "
                        f"verified on {name} instead")
     return out
