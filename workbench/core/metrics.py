@@ -85,9 +85,9 @@ class ErrorStats:
         if rel:  # max |d|/|r| divides every element: callers that never show it skip it
             self.max_rel = max(self.max_rel, _max_rel(ad, ar))
         del ad, ar
-        self.sum_ref2 += _square_sum(r)
-        self.sum_cand2 += _square_sum(c)
-        self.sum_err2 += _square_sum(d)
+        self.sum_ref2 += _dot(r, r)
+        self.sum_cand2 += _dot(c, c)
+        self.sum_err2 += _dot(d, d)
         self.sum_dot += _dot(r, c)
         return self
 
@@ -130,17 +130,6 @@ class ErrorStats:
         return numeric | {"nonfinite_mismatch": self.nonfinite_mismatch}
 
 
-def _square_sum(x: np.ndarray) -> float:
-    """sum(x**2): in the array's own type (float32 for narrow types, fast), again in float64 when that overflows
-    (finite values past ~1e19 square past float32's range: the SQNR would be NaN)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = float(x @ x)
-    if not math.isfinite(total) and x.dtype != np.float64:
-        x64 = x.astype(np.float64)
-        total = float(x64 @ x64)
-    return total
-
-
 def _ratio(num: float, den: float) -> float:
     if den > 0:
         return num / den
@@ -167,12 +156,14 @@ CANCELLED = 1e-2
 
 
 def _dot(r: np.ndarray, c: np.ndarray) -> float:
-    """sum(r*c) in float64 when float32 would overflow (as :func:`_square_sum`)."""
+    """sum(r*c) (with ``c`` = ``r``: the sum of squares): in the arrays' own type (float32 for narrow types, fast),
+    again in float64 when that overflows (finite values past ~1e19 square past float32's range: the SQNR would be
+    NaN)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        v = float(np.dot(r, c))
-    if math.isfinite(v):
+        v = float(r @ c)
+    if math.isfinite(v) or (r.dtype == np.float64 and c.dtype == np.float64):
         return v
-    return float(np.dot(r.astype(np.float64), c.astype(np.float64)))
+    return float(r.astype(np.float64) @ c.astype(np.float64))
 
 
 def _max_rel(ad: np.ndarray, ar: np.ndarray) -> float:

@@ -303,7 +303,6 @@ class _Ray:
             raise InputError("Ray is not installed", RAY_HINT) from None
         self.ray = ray
         self.started = False
-        self._sessions = _RaySessions(None)
         if not ray.is_initialized():
             kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
             local = {} if spec.address else {"num_cpus": spec.workers, **_ray_temp()}
@@ -327,12 +326,14 @@ class _Ray:
                             raise Terminated() from None
                         raise
             except Exception as e:  # noqa: BLE001 - Ray raises many types; one line says what failed
+                from ..variants.ort_session import first_line
+
                 self._sessions.remove()
                 hint = ("check the address and that the cluster runs the same Ray and Python versions" if spec.address
                         else "a local Ray could not start here (busy or short of memory?): try again, or use local "
                              "processes instead (--workers N without --executor ray)")
-                raise InputError(f"cannot start Ray{' at ' + spec.address if spec.address else ''}: "
-                                 f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}", hint) from None
+                raise InputError(f"cannot start Ray{' at ' + spec.address if spec.address else ''}: {first_line(e)}",
+                                 hint) from None
             self.started = True
         self.remote = ray.remote(num_cpus=1, max_retries=0)(fn)
         self.pending: set = set()

@@ -101,15 +101,10 @@ def _feeds(model: onnx.ModelProto, feeds: Any, input_shapes: dict | None, seed: 
 
     if feeds is None:  # within compare's default budget (a quarter of RAM, at most 4G): refused before allocating
         from ..core.budget import default_budget
-        from ..errors import InputError
 
-        try:
-            return random_feeds(model, seed=seed, shapes=input_shapes, max_bytes=default_budget())
-        except InputError as e:
-            if "would take" not in str(e):
-                raise
-            raise InputError(str(e).split(" -- ")[0], "use smaller --input-shapes (input_shapes=): an engine graph "
-                             "runs random feeds of at most a quarter of RAM, 4G at most") from None
+        return random_feeds(model, seed=seed, shapes=input_shapes, max_bytes=default_budget(),
+                            budget_hint="use smaller --input-shapes (input_shapes=): an engine graph runs random "
+                                        "feeds of at most a quarter of RAM, 4G at most")
     given = check_feeds(model, feeds_from(feeds))
     if not given:
         raise WorkbenchError("no feeds given", "pass at least one feed, or none for random feeds")

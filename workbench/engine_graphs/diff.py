@@ -118,14 +118,16 @@ def _names(groups: list[dict]) -> str:
     return "[" + ", ".join(shown) + (", ..." if len(groups) > 3 else "") + "]"
 
 
+_GRAPH_HINT = "pass two files written by `workbench inspect MODEL --engine SPEC --json OUT`"
+
+
 def diff_graphs(before: Any, after: Any, *, metric: str | None = None,
                 labels: tuple[str, str] = ("before", "after")) -> EngineGraphDiff:
     """Diff two engine graphs (EngineGraph objects or ``workbench.engine_graph/1`` files)."""
     a, b = load_graph(before), load_graph(after)
     if a is None or b is None:
         bad = [src for src, g in ((before, a), (after, b)) if g is None]
-        raise WorkbenchError(f"engine graph diff needs two engine graphs: {_not_a_graph(bad[0])}",
-                             "pass two files written by `workbench inspect MODEL --engine SPEC --json OUT`")
+        raise WorkbenchError(f"engine graph diff needs two engine graphs: {_not_a_graph(bad[0])}", _GRAPH_HINT)
     m = metric or "latency_ms"
     if m not in METRICS:
         raise WorkbenchError(f"unknown metric {m!r} for engine graphs", f"use one of {', '.join(METRICS)}")
@@ -153,22 +155,18 @@ def diff_graphs(before: Any, after: Any, *, metric: str | None = None,
 
 
 def _not_a_graph(source: Any) -> str:
-    """Why ``source`` is not an engine graph, in a few words."""
-    import json
+    """Why ``source`` is not an engine graph, in a few words; a file that cannot be read as JSON (not regular, over
+    the size cap, binary, invalid) raises the one-line error of :func:`workbench._files.read_json`."""
     import os
+
+    from .._files import read_json
 
     if not isinstance(source, (str, os.PathLike)):
         return f"a {type(source).__name__} is neither an EngineGraph nor a path"
     path = str(source)
     if not os.path.lexists(path):
         return f"not found: {path}"
-    if not os.path.isfile(path):
-        return f"{path} is not a regular file"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return f"{path} is not readable JSON ({type(e).__name__}: {str(e)[:120]})"
+    doc = read_json(path, "engine graph diff: the file", hint=_GRAPH_HINT)
     schema = doc.get("schema") if isinstance(doc, dict) else None
     return f"{path} holds {('a ' + repr(schema)) if schema else 'JSON without a schema'}, not an engine graph"
 

@@ -27,6 +27,7 @@ def random_feeds(
     shapes: dict[str, list[int]] | None = None,
     ranges: dict[str, tuple[float, float]] | None = None,
     max_bytes: int | None = None,
+    budget_hint: str | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """``count`` feeds for ``model``'s graph inputs, deterministic per ``seed`` (numpy default_rng).
 
@@ -34,7 +35,8 @@ def random_feeds(
     Integers: ``ranges[name]`` (inclusive), else ``[0, vocab)`` when the input indexes a Gather on a constant
     table, else ones for names containing "mask", zeros for "token_type", else ``[0, 10)``. Dynamic dims
     come from ``shapes``, else 1 for a leading (batch) dim; any other dynamic dim raises :class:`InputError`.
-    Feeds over ``max_bytes`` in all (default: half the physical memory) are refused before anything is allocated.
+    Feeds over ``max_bytes`` in all (default: half the physical memory) are refused before anything is allocated
+    (``budget_hint``: what to do then, where the caller has no --memory-budget).
     """
     proto = as_proto(model)
     specs = model_inputs(proto)
@@ -44,7 +46,7 @@ def random_feeds(
     for spec, _ in plans:
         if (ranges or {}).get(spec.name) is not None:
             _check_range(spec, ranges[spec.name])
-    check_feed_bytes(plans, count, max_bytes)
+    check_feed_bytes(plans, count, max_bytes, budget_hint)
     bounds = gather_bounds(proto)
     rng = np.random.default_rng(seed)
     return [
@@ -112,7 +114,8 @@ def feed_ceiling() -> int:
     return total_memory() // 2
 
 
-def check_feed_bytes(plans: list[tuple[InputSpec, tuple[int, ...]]], count: int, max_bytes: int | None) -> None:
+def check_feed_bytes(plans: list[tuple[InputSpec, tuple[int, ...]]], count: int, max_bytes: int | None,
+                     hint: str | None = None) -> None:
     """Refuse ``count`` feeds of these shapes when they would take more than ``max_bytes``, before allocating."""
     from .._files import human_size
 
@@ -126,7 +129,7 @@ def check_feed_bytes(plans: list[tuple[InputSpec, tuple[int, ...]]], count: int,
     raise InputError(
         f"{count} random feed(s) would take {human_size(total)}, over {what} of {human_size(limit)} (input "
         f"'{spec.name}' {spec.dtype.name} {list(shape)} alone is {human_size(size)} per feed)",
-        "use smaller --input-shapes or fewer random feeds (the N of --feeds, --data or --calib), or raise "
+        hint or "use smaller --input-shapes or fewer random feeds (the N of --feeds, --data or --calib), or raise "
         "--memory-budget",
     )
 

@@ -348,7 +348,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         builds_detail={"search": ev.search_builds, **by_role, "comparison": result.builds},
         executor=spec.describe(), model=repaired, plan=plan,
         repairs=describe([rw for rw in rewritten if rw.node not in set(kept)], kept))
-    if not pool and nodes is None and not any("holds subgraphs" in n for n in res.notes):
+    if not pool and nodes is None and not result.culprits:  # (culprits it could not try are named in notes)
         res.notes.append("the comparison flagged no culprit to keep")
     return res
 

@@ -237,7 +237,8 @@ class Evaluator:
         return missed > 0 and not _OPS[target.op](best, target.threshold)
 
     def _note_baseline(self, ev: Evaluation) -> None:
-        """After the baseline: a mean target over bool results may stop a search evaluation early."""
+        """After the baseline: a mean target over bool results may stop a search evaluation early; a metric that
+        returned NaN, or a true/false metric with a threshold it can never reach, is refused (RepairError)."""
         t = self.target
         nan = [i for i, v in zip(sorted(ev.feed_met), ev.values) if isinstance(v, (float, np.floating)) and v != v]
         if t.metric is not None and nan:
