@@ -580,3 +580,20 @@ def test_a_weight_quantized_as_the_model_runs_counts_as_int8():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [scale, zero])
     share = precision_share(helper.make_model(graph), "int8")
     assert share["share"] == pytest.approx(64 * 64 / (64 * 64 + 4), rel=1e-9), share
+
+
+def test_a_candidate_that_already_meets_the_target_is_written_as_converted_and_judged_once(tmp_path):
+    """Nothing to keep: the written model is the candidate as converted (its nodes, its FP16 weights), judged by the
+    baseline on every feed, with no second build of the same model to verify (on a 0.9 GB decoder that build cost
+    8 s and the run's peak memory)."""
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(SAMPLES / "healthy_cnn.onnx"), "ort", "ort:fp16", out=str(out), verify=None)
+    assert res.met and res.kept == [] and [e["how"] for e in res.evaluations] == ["baseline"]
+    assert res.verification["candidate"]["met"] and "verify" not in res.builds_detail
+    written = onnx.load(str(out))
+    assert [n.op_type for n in written.graph.node] == [n.op_type for n in res.plan.cand_model.graph.node]
+    assert weight_share_fp16(written) == 1.0
+    feed = {i.name: np.random.default_rng(0).standard_normal(
+        [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in written.graph.input}
+    ref = ort_run(SAMPLES / "healthy_cnn.onnx", [feed])[0][0]
+    assert sqnr_db(ref, ort_run(written, [feed])[0][0]) > 30  # the written FP16 model computes the FP32 answer

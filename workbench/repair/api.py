@@ -292,7 +292,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             kept, minimal = search(ev, pool, before)
         builder = ev.builder
         timing["search_s"] = time.perf_counter() - t1
-        final, repaired = _verify_on_candidate(ev, builder, kept, spill)
+        if kept is not None and not kept and not rewritten and before.met:  # the candidate as converted, judged
+            final, repaired = before, plan.cand_model
+        else:
+            final, repaired = _verify_on_candidate(ev, builder, kept, spill)
         if kept is not None and not final.met and any(e.how == "switch" for e in ev.evaluations):
             notes.append("the switchable model met the target but the repaired model does not on the candidate "
                          "engine (its fusions differ): searched again with one build per set")
