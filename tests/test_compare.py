@@ -422,3 +422,63 @@ def test_the_numbers_do_not_depend_on_the_memory_budget():
     tight = compare(model, "ort", "ort:fp16", feeds=feeds, stream="off", memory_budget="300K")
     assert any("each chunk marks only its own tensors" in n for n in tight.notes)
 
+
+
+def _count_live_sessions(monkeypatch, wrap: list[tuple[object, str]]) -> dict:
+    """Count ONNX Runtime sessions open at once while the functions named in ``wrap`` run (module, name)."""
+    from workbench.engines.ort import OrtEngine
+
+    state = {"live": 0, "peak": 0, "inside": False, "calls": 0}
+    prepare = OrtEngine.prepare
+
+    def counted(self, model, outputs):
+        session = prepare(self, model, outputs)
+        if state["inside"]:
+            state["live"] += 1
+            state["opened"] = state.get("opened", 0) + 1
+            state["peak"] = max(state["peak"], state["live"])
+            close = session.close
+
+            def closed():
+                state["live"] -= 1
+                close()
+
+            session.close = closed
+        return session
+
+    monkeypatch.setattr(OrtEngine, "prepare", counted)
+    for module, name in wrap:
+        original = getattr(module, name)
+
+        def inside(*args, _original=original, **kw):
+            state["inside"], state["calls"] = True, state["calls"] + 1
+            try:
+                return _original(*args, **kw)
+            finally:
+                state["inside"] = False
+
+        monkeypatch.setattr(module, name, inside)
+    return state
+
+
+@pytest.mark.parametrize("cand, budget", [("ort:fp16", "48K"), ("ort:int8", None)])
+def test_impact_never_holds_the_reference_and_candidate_sessions_together(monkeypatch, cand, budget):
+    """Each session holds a copy of the weights (prepacked, or FP16 cast to FP32 for ORT's CPU kernels): on a
+    0.9 GB decoder the impact measure held both, 2.5 GB at the peak. The reference's values come first, then its
+    session closes; in feed groups that fit in half the memory budget, with the same gains as in one group."""
+    import workbench.compare.run as run
+
+    model = SAMPLES / ("fp16_clamp_constant.onnx" if cand == "ort:fp16" else "int8_outlier.onnx")
+    state = _count_live_sessions(monkeypatch, [(run, "measure_impact"), (run.qdq_impact, "measure_qdq_impact")])
+    whole = compare(model, "ort", cand, feed_count=4, impact=3)
+    assert state["calls"] == 1 and state["peak"] == 1 and state["live"] == 0 and state["opened"] == 2
+    measured = [c for c in whole.culprits if c.impact is not None]
+    assert measured
+    if budget is None:  # the Q/DQ impact reads the outputs alone: one group under any budget the comparison takes
+        return
+    grouped = compare(model, "ort", cand, feed_count=4, impact=3, memory_budget=budget)
+    assert state["calls"] == 2 and state["peak"] == 1 and state["live"] == 0
+    assert state["opened"] > 4  # the feeds' reference values came in more than one group
+    gains = {c.node: c.impact["gain"] for c in grouped.culprits if c.impact is not None}
+    for c in measured:
+        assert gains[c.node] == pytest.approx(c.impact["gain"], rel=1e-6)

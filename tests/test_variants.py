@@ -427,3 +427,32 @@ def test_the_quantizers_root_logger_warnings_are_routed_to_our_log(caplog):
     assert any(r.name == "workbench.variants.calibration" and "out-of-range" in r.getMessage()
                for r in caplog.records)
     assert not logging.getLogger().filters  # the route is taken down after the quantizer
+
+
+def test_the_clamp_report_of_mapped_weights_holds_only_the_clamped_values(tmp_path, monkeypatch):
+    """Weights left in their files are diffed piece by piece, keeping the positions and values that may be clamps:
+    FP16 rounds nearly every value, and keeping those too held 16 bytes per weight (0.5 GB for a 131 MB table).
+    The records are those of the same model read into memory."""
+    from workbench.variants.clamps import _changed_values
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 512)).astype(np.float32)
+    w[3, 7], w[100, 1], w[200, 300] = 1e6, -7e4, 1e-9  # two overflows past 65504, one underflow
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+
+    inline = make_variant(load_model(tmp_path / "m.onnx"), "fp16").clamped
+    monkeypatch.setenv("WORKBENCH_INLINE_WEIGHTS_BYTES", "1K")
+    loaded = load_model(tmp_path / "m.onnx")
+    variant = make_variant(loaded, "fp16")
+    assert [r.to_json() for r in variant.clamped] == [r.to_json() for r in inline]
+    assert {(r.kind, r.count) for r in inline} == {("overflow", 2), ("underflow", 1)}
+    fp16 = next(t for t in variant.model.graph.initializer if t.name == "w")
+    source = next(t for t in loaded.proto.graph.initializer if t.name == "w")
+    where, a, _ = _changed_values(source, fp16, max_finite=65504.0, min_positive=5.96e-08, rounding=None)
+    assert sorted(where.tolist()) == sorted([3 * 512 + 7, 100 * 512 + 1, 200 * 512 + 300])
+    assert a.tolist() == pytest.approx([w.ravel()[i] for i in where])

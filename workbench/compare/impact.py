@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..core.budget import parse_size
 from ..core.metrics import ErrorStats
 from ..core.shapes import elem_type_of
 from ..engines.outputs import edit_lock
@@ -109,7 +110,8 @@ def _value(ref: np.ndarray, elem_type: int) -> np.ndarray:
 
 
 def measure_impact(plan, culprits: list[Culprit], notes: list[str], step=None) -> int:
-    """Set ``impact`` on (up to all of) ``culprits``; returns the candidate builds used (0 or 1)."""
+    """Set ``impact`` on (up to all of) ``culprits``; returns the candidate builds used (0, or 1 per group of feeds
+    whose reference values fit in half the memory budget)."""
     if not culprits:
         return 0
     outputs = [p for p in plan.pairs if p.tensor in set(plan.ref_graph.outputs)]
@@ -127,36 +129,34 @@ def measure_impact(plan, culprits: list[Culprit], notes: list[str], step=None) -
     marked = [n for n in need if n not in ref_inputs]
     base = {o.tensor: ErrorStats() for o in outputs}
     fixed = {id(p): {o.tensor: ErrorStats() for o in outputs} for p in patches}
+    builds = 0
+    cand_session = None
     try:
-        ref_sess = plan.ref_engine.prepare(plan.ref_model, marked) if marked else None
-        cand_session = None
-        for fi, (feed, cfeed) in enumerate(zip(plan.feeds, plan.cand_feeds)):
-            if step is not None:
-                step(fi / len(plan.feeds), f"impact of {len(patches)} culprits: feed {fi + 1}/{len(plan.feeds)}")
-            ref = dict(ref_sess.run(feed)) if ref_sess is not None else {}
-            ref.update({k: v for k, v in feed.items() if k in ref_inputs})
-            values = {p.value: _value(ref[p.culprit.tensor], p.elem_type) for p in patches}
-            off = {p.use: np.array(False) for p in patches}
-            if cand_session is None:
-                ranks = {p.tensor: np.ndim(ref[p.culprit.tensor]) for p in patches}
-                with patched(plan.cand_model, patches, ranks) as model:
-                    cand_session = plan.cand_engine.prepare(model, [o.candidate for o in outputs])
-            run = {**cfeed, **values}
-            got = cand_session.run({**run, **off})
-            for o in outputs:
-                base[o.tensor].update(ref[o.tensor], got[o.candidate])
-            for p in patches:
-                got = cand_session.run({**run, **off, p.use: np.array(True)})
+        for group in reference_groups(plan, marked, step, f"impact of {len(patches)} culprits"):
+            ranks = {p.tensor: np.ndim(group[0][1][p.culprit.tensor]) for p in patches}
+            with patched(plan.cand_model, patches, ranks) as model:
+                cand_session = plan.cand_engine.prepare(model, [o.candidate for o in outputs])
+            builds += 1
+            for fi, ref in group:
+                values = {p.value: _value(ref[p.culprit.tensor], p.elem_type) for p in patches}
+                off = {p.use: np.array(False) for p in patches}
+                run = {**plan.cand_feeds[fi], **values}
+                got = cand_session.run({**run, **off})
                 for o in outputs:
-                    fixed[id(p)][o.tensor].update(ref[o.tensor], got[o.candidate])
+                    base[o.tensor].update(ref[o.tensor], got[o.candidate])
+                for p in patches:
+                    got = cand_session.run({**run, **off, p.use: np.array(True)})
+                    for o in outputs:
+                        fixed[id(p)][o.tensor].update(ref[o.tensor], got[o.candidate])
+            cand_session.close()
+            cand_session = None
     except EngineRunError as e:
         notes.append(f"impact of the culprits not measured: the candidate engine refused the patched model ({e})")
         log.warning("impact not measured: %s", e)
-        return 1
+        return max(1, builds)
     finally:
-        for s in (locals().get("ref_sess"), locals().get("cand_session")):
-            if s is not None:
-                s.close()
+        if cand_session is not None:
+            cand_session.close()
     before = {o: s.metrics() for o, s in base.items()}
     for p in patches:
         after = {o: s.metrics() for o, s in fixed[id(p)].items()}
@@ -164,7 +164,36 @@ def measure_impact(plan, culprits: list[Culprit], notes: list[str], step=None) -
         if ((p.culprit.floor or {}).get("share_over_max") or 0) > 0:  # the exact value itself overflows the format
             p.culprit.impact.update(harmless=False, note="its reference values exceed the format's range, so a "
                                     "fix must keep it and its consumers wider; the patched value overflows too")
-    return 1
+    return builds
+
+
+def reference_groups(plan, tensors: list[str], step=None, label: str = "") -> Iterator[list[tuple[int, dict]]]:
+    """The reference's values of ``tensors`` and each feed's own inputs, as (feed index, values) in groups of feeds
+    whose values fit in half the memory budget (at least one feed each). The reference session is closed before a
+    group is yielded: the candidate's session that reads it is never held together with it (each holds a copy of
+    the weights, prepacked or cast to its kernels' type: on a 0.9 GB decoder, 2.5 GB at the peak together)."""
+    limit = max(1, parse_size(plan.options.memory_budget) // 2)
+    inputs = set(plan.ref_graph.inputs)
+    done = 0
+    while done < len(plan.feeds):
+        group: list[tuple[int, dict]] = []
+        held = 0
+        session = plan.ref_engine.prepare(plan.ref_model, tensors) if tensors else None
+        try:
+            while done + len(group) < len(plan.feeds) and (not group or held < limit):
+                fi = done + len(group)
+                if step is not None:
+                    step(fi / len(plan.feeds), f"{label}: feed {fi + 1}/{len(plan.feeds)}")
+                feed = plan.feeds[fi]
+                ref = dict(session.run(feed)) if session is not None else {}
+                ref.update({k: v for k, v in feed.items() if k in inputs})
+                group.append((fi, ref))
+                held += sum(np.asarray(v).nbytes for v in ref.values())
+        finally:
+            if session is not None:
+                session.close()
+        done += len(group)
+        yield group
 
 
 def impact_record(metric: str, before: dict[str, dict], after: dict[str, dict]) -> dict:

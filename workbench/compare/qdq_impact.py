@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.metrics import ErrorStats
 from ..errors import EngineRunError
-from .impact import impact_record
+from .impact import impact_record, reference_groups
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def is_qdq(plan) -> bool:
 
 def measure_qdq_impact(plan, culprits: list, notes: list[str], step=None, limit: int = QDQ_IMPACT) -> int:
     """Set ``impact`` on the culprits that are quantized nodes of the candidate (up to ``limit``, in order);
-    returns the candidate builds used (0 or 1)."""
+    returns the candidate builds used (0, or 1 per group of feeds :func:`reference_groups` makes)."""
     from ..repair.islands import IslandBuilder
     from ..repair.qdq_order import quantized_nodes
 
@@ -46,23 +46,23 @@ def measure_qdq_impact(plan, culprits: list, notes: list[str], step=None, limit:
     if not chosen:
         return 0
     names = list(dict.fromkeys(c.node for c in chosen))
-    try:
-        model, flags = builder.switchable(names)
-        session = plan.cand_engine.prepare(model, [o.candidate for o in outputs])
-    except EngineRunError as e:
-        notes.append(f"Q/DQ impact not measured: the candidate engine refused the switchable model ({e})")
-        log.warning("Q/DQ impact not measured: %s", e)
-        return 1
+    model, flags = builder.switchable(names)
     base = {o.tensor: ErrorStats() for o in outputs}
     fixed = {n: {o.tensor: ErrorStats() for o in outputs} for n in names}
     off = {f: np.array(False) for f in flags.values()}
-    try:
-        with plan.ref_engine.prepare(plan.ref_model, [o.tensor for o in outputs]) as ref_session:
-            for fi, (feed, cfeed) in enumerate(zip(plan.feeds, plan.cand_feeds)):
-                if step is not None:
-                    step(fi / len(plan.feeds), f"Q/DQ removal of {len(names)} culprits: feed {fi + 1}/"
-                         f"{len(plan.feeds)}")
-                ref = ref_session.run(feed)
+    builds = 0
+    label = f"Q/DQ removal of {len(names)} culprits"
+    for group in reference_groups(plan, [o.tensor for o in outputs], step, label):
+        try:  # the reference's session is closed by now: the two are never held together
+            session = plan.cand_engine.prepare(model, [o.candidate for o in outputs])
+        except EngineRunError as e:
+            notes.append(f"Q/DQ impact not measured: the candidate engine refused the switchable model ({e})")
+            log.warning("Q/DQ impact not measured: %s", e)
+            return max(1, builds)
+        builds += 1
+        try:
+            for fi, ref in group:
+                cfeed = plan.cand_feeds[fi]
                 got = session.run({**cfeed, **off})
                 for o in outputs:
                     base[o.tensor].update(ref[o.tensor], got[o.candidate])
@@ -70,14 +70,14 @@ def measure_qdq_impact(plan, culprits: list, notes: list[str], step=None, limit:
                     got = session.run({**cfeed, **off, flags[n]: np.array(True)})
                     for o in outputs:
                         fixed[n][o.tensor].update(ref[o.tensor], got[o.candidate])
-    finally:
-        session.close()
+        finally:
+            session.close()
     metric = plan.criterion.metric
     before = {o: s.metrics() for o, s in base.items()}
     for c in chosen:
         c.impact = impact_record(metric, before, {o: s.metrics() for o, s in fixed[c.node].items()})
         c.impact["fixed"] = "its Q/DQ pairs removed (float inputs, float weights, float output)"
-    return 1
+    return builds
 
 
 def _to_producers(builder, culprits: list, quantized: set[str]) -> None:
