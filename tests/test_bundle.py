@@ -101,6 +101,12 @@ def test_healthy_bundle_reruns_with_exit_0(tmp_path, capsys):
     assert main(["rerun", str(dest)]) == 0
     out = capsys.readouterr().out
     assert "REPRODUCED" in out and "first divergent: none -> none" in out
+    # the bundle replays the random feeds it saved: the same inputs, not "random -> list" and "seed 0 -> None"
+    assert "feeds." not in out
+    report = rerun_bundle(dest)
+    assert not any(k.startswith("feeds.") for k in report.diff.specs_changed)
+    assert report.result.feeds["source"] == "random" and report.result.feeds["seed"] == 0
+    assert report.result.feeds["replayed"] == "the bundle's saved inputs"
 
 
 def test_zip_bundle_with_external_data(tmp_path):

@@ -133,6 +133,8 @@ def test_shapes_are_prefilled_from_the_model_and_shared_with_calibration():
     assert calibration.run() is None and "x:[1,3,224,224]" in calibration.jobs.status.value
     calibration.shapes.value = "x:[1,3,8,12]"  # filled in one panel: the other has it too
     assert compare.inputs.shapes.value == "x:[1,3,8,12]"
+    for note in (compare.inputs.shapes_note.value, calibration.shapes_note.value):  # filled: no longer asked
+        assert "fill each ?" not in note and "2 (height)" in note
     compare.run()
     assert compare.wait(120) and compare.jobs.error is None, compare.jobs.status.value
     assert wb.state.result.feeds["shapes"] == {"x": [1, 3, 8, 12]}

@@ -172,3 +172,27 @@ def test_calibration_dataset_and_repair_runs_are_reopened(runs, tmp_path):
     assert cal.qdq_button.disabled and "Calibrate again to save its QDQ model" in cal.export_note.value
     assert not cal.cache_button.disabled and cal.export_cache() is not None  # the ranges suffice for the cache
     assert "TensorRT cache written" in cal.export_note.value and "wb-download" in cal.export_note.value
+
+
+def test_reopen_sets_the_pickers_and_inputs_so_run_compares_the_same_again(runs):
+    """After a restart, Reopen showed the saved run but left the pickers and the inputs as the new kernel had them:
+    Run then compared something else (on a model with dynamic dimensions it failed on the unfilled shapes)."""
+    wb = Workbench(CLAMP)
+    panel = wb.compare_panel
+    panel.cand_variant.value = "int8"
+    panel.inputs.seed.value, panel.inputs.count.value = 5, 2
+    assert panel.run() is not None and panel.wait(120) and panel.jobs.error is None, panel.jobs.status.value
+    original = wb.state.result
+    assert run_store.wait_saved(60)
+
+    fresh = Workbench(CLAMP)
+    box = fresh.compare_panel
+    assert (box.candidate, box.inputs.seed.value, box.inputs.count.value) == ("ort:fp16", 0, 1)
+    fresh.saved_runs.reopen_button.click()
+    assert (box.reference, box.candidate) == ("ort", "ort:int8")
+    assert (box.inputs.source.value, box.inputs.seed.value, box.inputs.count.value) == ("random", 5, 2)
+    assert box.stale_note.value == ""  # the pickers say what the results shown ran
+    assert box.run() is not None and box.wait(120) and box.jobs.error is None, box.jobs.status.value
+    again = fresh.state.result
+    assert again.candidate == "ort:int8" and again.feeds["seed"] == 5 and again.feeds["count"] == 2
+    assert _metrics(again) == _metrics(original) and again.diverged == original.diverged

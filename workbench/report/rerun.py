@@ -194,6 +194,10 @@ def rerun_bundle(bundle: str | os.PathLike | Bundle, *, model: str | os.PathLike
             result = compare(loaded, reference, candidate, feeds=feeds, cand_model=cand, criterion=criterion,
                              calibration_feeds=calib, progress=progress, **kwargs)
         result.model["path"] = None if b._tmp is not None else result.model.get("path")
+        if isinstance(saved.feeds, dict) and saved.feeds.get("count") in (None, len(feeds)):
+            # the bundle's inputs are the saved run's own feeds, replayed: described as they were made (random,
+            # seed 0, ...) rather than as a list given, which the diff would report as other inputs
+            result.feeds = {**saved.feeds, "replayed": "the bundle's saved inputs"}
         diff = diff_results(saved, result, labels=("saved", "now"))
         then = dict(m["versions"]) if isinstance(m.get("versions"), dict) else {}
         then["python"] = m.get("python")

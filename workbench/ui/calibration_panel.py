@@ -127,6 +127,8 @@ class CalibrationPanel(widgets.VBox):
             widgets.HBox([self.qdq_path, self.qdq_button]), self.export_jobs, self.export_note,
         ])
         self.add_class("wb-root")
+        self.shapes.observe(
+            lambda ch: setattr(self.shapes_note, "value", shapes_note_html(self.state.model, ch["new"])), "value")
         self._on_model()
         self.refresh()
 
@@ -134,7 +136,7 @@ class CalibrationPanel(widgets.VBox):
         """Default export names for the model (relative: they go under the output folder, made when first
         written) and its input shapes described under the shapes field."""
         model = self.state.model
-        self.shapes_note.value = shapes_note_html(model)
+        self.shapes_note.value = shapes_note_html(model, self.shapes.value)
         self.shapes.placeholder = shapes_placeholder(model) + (" (random feeds only)" if shapes_template(model)
                                                                 else "")
         if model is None:

@@ -436,6 +436,20 @@ class ComparePanel(PairedPanel, widgets.VBox):
                                   classes=["first" if first is not None and t.tensor == first.tensor else
                                            "bad" if t.diverged else "" for t in shown]) + "</details>")
 
+    def take_options(self, result: Any) -> list[str]:
+        """Set the engine pickers and the inputs to those ``result`` ran (a reopened run), so that Run compares the
+        same again; the lines saying what could not be set (a candidate file, inputs that were not random)."""
+        said = self.pair.set(result.reference, result.candidate)
+        ran = _result_file(result)
+        if ran is not None:
+            said.append(f"the run compared your file {ran[0]}: give it again under 'cand. file' to run it again")
+        elif self.cand_file.value:
+            self.cand_file.value = ""
+        if not self.inputs.take_feeds(result.feeds):
+            said.append("its inputs were given, not random: choose them again under Inputs to run it again")
+        self._mark_stale()
+        return said
+
     def show_culprit(self, node: str) -> None:
         """Select ``node`` in every panel and bring the Errors panel forward."""
         self.state.selected = node

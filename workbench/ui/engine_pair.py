@@ -64,6 +64,19 @@ class EnginePair:
     def candidate(self) -> str:
         return spec(self.cand_engine.value, self.cand_variant.value)
 
+    def set(self, reference: str, candidate: str) -> list[str]:
+        """Show ``reference`` and ``candidate`` in the pickers; the lines saying what they could not show."""
+        said = []
+        for side, given, default, engine, variant in (
+                ("reference", reference, "ort", self.ref_engine, self.ref_variant),
+                ("candidate", candidate, "ort:fp16", self.cand_engine, self.cand_variant)):
+            shown, why = pickable(given, side, default)
+            if why:
+                said.append(why)
+            name, _, var = shown.partition(":")
+            engine.value, variant.value = name, var or "fp32"
+        return said
+
     def observe(self, handler) -> None:
         for w in (self.ref_engine, self.ref_variant, self.cand_engine, self.cand_variant):
             w.observe(handler, "value")

@@ -48,8 +48,9 @@ def _dims_text(shape: Any) -> str:
     return ",".join(str(d) if isinstance(d, int) else ("1" if i == 0 else UNKNOWN) for i, d in enumerate(shape))
 
 
-def shapes_hint(model: Any) -> str:
-    """A line for under the shapes field: the model's input shapes, dynamic dimensions named."""
+def shapes_hint(model: Any, text: str = "") -> str:
+    """A line for under the shapes field: the model's input shapes, dynamic dimensions named (asking to fill each
+    ``?`` while the field ``text`` is empty or still holds one)."""
     from ..inputs.spec import model_inputs
 
     if model is None:
@@ -63,7 +64,7 @@ def shapes_hint(model: Any) -> str:
         dyn = [f"{i} ({d})" if d else str(i) for i, d in enumerate(s.shape) if not isinstance(d, int)]
         parts.append(f"{s.name} {s.shape_text}" + (f": dynamic dim {', '.join(dyn)}" if dyn else ""))
     dynamic = any(s.shape is None or any(not isinstance(d, int) for d in s.shape[1:]) for s in specs)
-    head = "fill each ? with a number; " if dynamic else ""
+    head = "fill each ? with a number; " if dynamic and (not text.strip() or UNKNOWN in text) else ""
     return head + "model inputs: " + "; ".join(parts) if parts else ""
 
 
@@ -126,6 +127,8 @@ class InputsBox(widgets.VBox):
         self._model = None
         super().__init__([self.source, self._random, self._upload, self._path, self.status], **kwargs)
         self._on_source()
+        self.shapes.observe(lambda ch: setattr(self.shapes_note, "value", shapes_note_html(self._model, ch["new"])),
+                            "value")
         if state is not None:
             self._link = traitlets.link((state, "input_shapes"), (self.shapes, "value"))
             state.observe(lambda ch: self.set_model(ch["new"]), "model")
@@ -134,7 +137,7 @@ class InputsBox(widgets.VBox):
     def set_model(self, model: Any) -> None:
         """Describe ``model``'s input shapes under the shapes field (the field itself follows the state)."""
         self._model = model
-        self.shapes_note.value = shapes_note_html(model)
+        self.shapes_note.value = shapes_note_html(model, self.shapes.value)
         self.shapes.placeholder = shapes_placeholder(model)
         self.ranges.placeholder = ranges_placeholder(model)
 
@@ -185,6 +188,22 @@ class InputsBox(widgets.VBox):
                 "input_shapes": parse_shapes(self._model, self.shapes.value),
                 "val_ranges": parse_range_overrides(ranges) if ranges else None}
 
+    def take_feeds(self, feeds: dict | None) -> bool:
+        """Show random inputs as a run recorded them (``result.feeds``: seed, count, shapes); False, changing
+        nothing, for inputs that were not random (a file or a list the run was given)."""
+        if not isinstance(feeds, dict) or feeds.get("source") != "random":
+            return False
+        self.source.value = RANDOM
+        self.seed.value = int(feeds.get("seed") or 0)
+        self.count.value = max(1, int(feeds.get("count") or 1))
+        shapes = feeds.get("shapes") or {}
+        if shapes:
+            self.shapes.value = " ".join(f"{name}:[{','.join(str(int(d)) for d in dims)}]"
+                                         for name, dims in shapes.items())
+        ranges = feeds.get("ranges") or {}
+        self.ranges.value = " ".join(f"{name}:[{lo},{hi}]" for name, (lo, hi) in ranges.items()) if ranges else ""
+        return True
+
     def describe(self) -> str:
         if self.source.value == RANDOM:
             return html.escape(f"{self.count.value} random feed(s), seed {self.seed.value}")
@@ -193,8 +212,8 @@ class InputsBox(widgets.VBox):
         return html.escape(self.path.value)
 
 
-def shapes_note_html(model: Any) -> str:
-    hint = shapes_hint(model)
+def shapes_note_html(model: Any, text: str = "") -> str:
+    hint = shapes_hint(model, text)
     return f'<div class="wb-culprit">{html.escape(hint)}</div>' if hint else ""
 
 

@@ -90,7 +90,11 @@ class SavedRunsBox(widgets.VBox):
         except Exception as e:  # noqa: BLE001 - a damaged or foreign bundle is a message
             self.note.value = error_html(e, f"reopening {saved.path.name}")
             return None
-        self.note.value = message_html(f"{run.tag} ({saved.describe()})", "ok")
+        said = []
+        if saved.kind == "comparison":  # the pickers and inputs as the run had them: Run compares the same again
+            said = self.workbench.panel("compare").take_options(run.result)
+        self.note.value = message_html(f"{run.tag} ({saved.describe()})", "ok") + \
+            "".join(message_html(line, "info") for line in said)
         return run
 
 
