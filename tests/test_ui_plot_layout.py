@@ -56,11 +56,11 @@ def test_a_526_layer_curve_ends_at_its_last_layer_with_its_legend_clear_of_a_tra
     slider = axis.rangeslider
     assert slider.visible and list(slider.range) == [xs[0] - pad, xs[-1] + pad] and slider.autorange is False
     assert slider.bgcolor.replace(" ", "").endswith(",0)") and slider.borderwidth >= 1
-    # the legend sits above the plot (the slider is under the x axis), with room for it in the top margin
+    # the legend is a column right of the plot: clear of the slider (under the x axis) and of the title's lines
     legend = layout.legend
-    assert legend.orientation == "h" and legend.yanchor == "bottom" and legend.y >= 1.0
+    assert legend.orientation == "v" and legend.x > 1.0 and legend.xanchor == "left"
     lines = len(wrap_text(layout.title.text.replace("<br>", " "), TITLE_CHARS))
-    assert layout.margin.t >= 30 + 19 * lines + LEGEND_ROOM
+    assert layout.margin.t >= 30 + 19 * lines
     # no annotation of the figure's own sits in the legend's row
     for a in layout.annotations:
         if a.yref == "paper" and a.name == "curve notes":
@@ -73,15 +73,16 @@ def test_a_short_curve_keeps_its_bounded_axis_and_no_slider():
     xs = [t.topo_index for t in result.tensors]
     assert not layout.xaxis.rangeslider.visible
     assert layout.xaxis.autorangeoptions.maxallowed > max(xs) and layout.xaxis.autorangeoptions.minallowed < min(xs)
-    # INT8's colour bands add legend rows: below the plot they climbed onto the axis title and tick labels
+    # INT8's colour bands add legend entries (a group stacks its own): below the plot they climbed onto the axis
+    # title and tick labels, above it onto the title; in a column right of the plot they meet neither
     from workbench.plots.thresholds import Bands
 
     int8 = compare(CLAMP, "ort", "ort:int8")
     banded = layer_error_curve(int8, bands=Bands.from_criterion(int8.criterion)).layout
     for lay in (layout, banded):
-        assert lay.legend.orientation == "h" and lay.legend.yanchor == "bottom" and lay.legend.y >= 1.0
+        assert lay.legend.orientation == "v" and lay.legend.x > 1.0 and lay.legend.yanchor == "top"
         lines = len(wrap_text(lay.title.text.replace("<br>", " "), TITLE_CHARS))
-        assert lay.margin.t >= 30 + 19 * lines + LEGEND_ROOM
+        assert lay.margin.t >= 30 + 19 * lines
     assert banded.yaxis.title.text.startswith("norm_mean_abs<br>(")  # the long axis title on two lines
 
 
@@ -123,3 +124,15 @@ def test_dataset_plots_share_the_other_plots_style(tmp_path):
             (style.title.x, style.title.xanchor, style.title.font.size)
 
 
+
+
+def test_the_worst_layers_labels_stack_in_the_layers_order_so_their_arrows_do_not_cross():
+    """Neighbouring worst layers (#1-#3 within a few layers of each other on a recognizer) had their labels
+    offset by rank, not by position: the arrows crossed and the labels sat on each other's arrows."""
+    int8 = compare(CLAMP, "ort", "ort:int8")
+    labels = [a for a in layer_error_curve(int8).layout.annotations if a.name == "worst layer"]
+    assert len(labels) >= 2
+    by_x = sorted(labels, key=lambda a: a.x)
+    assert [a.ay for a in by_x] == sorted(a.ay for a in by_x) and len({a.ay for a in by_x}) == len(by_x)
+    assert len({a.ax for a in labels}) == 1 and all(a.xanchor == "right" for a in labels)
+    assert sorted(a.text.split(":")[0] for a in labels) == [f"worst #{k}" for k in range(1, len(labels) + 1)]

@@ -161,7 +161,7 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, b
       (star) only when the run diverged;
     - layer names written on the curve: the first divergent layer and the ``label_worst`` worst others;
     - from :data:`ZOOM_LAYERS` layers on, a transparent range slider under the axis (a zoom is kept across
-      redraws) and the legend above the plot, where the slider cannot cover it;
+      redraws); the legend is a column right of the plot, where neither the slider nor the title meets it;
     - an x axis that ends at the first and last layer (autorange bounded), with at most :data:`CURVE_TICKS` ticks;
     - inf/NaN metric values drawn at a cap just past the worst finite value (hover says so), never as gaps;
     - with ``bands`` (:class:`~workbench.plots.thresholds.Bands` of ``metric``: the user's colour thresholds) the
@@ -244,14 +244,14 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, b
     if m == "sqnr_db" and any(v == SQNR_EXACT_DB for v in y):
         notes.append(f"exact matches drawn at {SQNR_EXACT_DB:g} dB")
     if notes:
-        # inside the plot's top-right corner: the legend's rows take the room above the plot
+        # inside the plot's top-right corner
         fig.add_annotation(xref="paper", yref="paper", x=1, y=1, xanchor="right", yanchor="top", showarrow=False,
                            text="; ".join(notes), name="curve notes")
     verdict = "DIVERGED" if result.diverged else "ok"
     fig.update_layout(title=esc(f"{m} per layer: {result.reference} (reference) vs {result.candidate} (candidate)"
                                 f"{_precision_text(result)}: {verdict}"),
                       xaxis_title="topological index", yaxis_title=_axis_title(m).replace(" (", "<br>(", 1),
-                      hovermode="closest", template="plotly_white", legend=CULPRIT_LEGEND)
+                      hovermode="closest", template="plotly_white", legend=CURVE_LEGEND)
     if log:
         fig.update_yaxes(type="log")
     fig.update_layout(uirevision="layer-error-curve")  # a zoom survives redraws of the selection ring
@@ -264,11 +264,9 @@ def layer_error_curve(result, metric: str | None = None, label_worst: int = 3, b
                          automargin=True)
     if len(tensors) >= ZOOM_LAYERS:  # too many layers to read at once: a range slider under the axis
         fig.update_xaxes(rangeslider={**RANGESLIDER, "range": span, "autorange": False})
-    # the legend goes above the plot (below it, its rows climbed onto the axis title and tick labels, and a range
-    # slider would cover it); the title's lines come first
-    fit_title(fig)
-    fig.update_layout(margin={"t": fig.layout.margin.t + LEGEND_ROOM})
-    return fig
+    # the legend is a column right of the plot (below it, its rows climbed onto the axis title and tick labels,
+    # and a range slider would cover it; above it, they covered the title)
+    return fit_title(fig)
 
 
 #: how opaque the colour bands are behind a plot
@@ -338,17 +336,23 @@ def _label_worst(fig: go.Figure, tensors: list, m: str, x: list, y: list, log: b
         return
     index = {t.tensor: i for i, t in enumerate(tensors)}
     ranked = sorted((t for t in tensors if _badness(t, m) > -math.inf), key=lambda t: (-_badness(t, m), t.topo_index))
-    shown = 0
+    chosen: list[tuple[int, Any]] = []
     for t in ranked:
-        if shown >= count:
+        if len(chosen) >= count:
             break
         i = index[t.tensor]
         if t.tensor == skip or y[i] is None or (m == "sqnr_db" and y[i] == SQNR_EXACT_DB):
             continue
-        shown += 1
+        chosen.append((i, t))
+    # the labels stacked down the page in the layers' order, each to the left of its layer: their arrows run side
+    # by side instead of crossing when the worst layers are neighbours
+    lowest = sorted(range(len(chosen)), key=lambda k: x[chosen[k][0]])
+    for rank, k in enumerate(lowest):
+        i, t = chosen[k]
         fig.add_annotation(x=x[i], y=math.log10(y[i]) if log and y[i] > 0 else y[i],
-                           text=esc(f"worst #{shown}: {short_label(t.node, 32)}"), name="worst layer",
-                           showarrow=True, arrowhead=1, ax=-20 - 12 * shown, ay=20 + 16 * shown, font={"size": 10})
+                           text=esc(f"worst #{k + 1}: {short_label(t.node, 32)}"), name="worst layer",
+                           showarrow=True, arrowhead=1, ax=-30, ay=28 + 16 * rank, font={"size": 10},
+                           xanchor="right")
 
 
 def _add_floor_band(fig: go.Figure, tensors: list, m: str, x: list, custom: list, log: bool) -> None:
@@ -441,6 +445,9 @@ def _gain_text(c) -> str:
 
 #: the culprit chart's legend: one horizontal row above the plot (below it, it sat on the x-axis title)
 CULPRIT_LEGEND = {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
+#: the per-layer curve's legend: a column right of the plot (plotly widens the right margin for it). Above the
+#: plot, INT8's colour bands and the floor made 4-5 rows (a legend group stacks its entries) that covered the title
+CURVE_LEGEND = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top"}
 #: the top margin added for it (up to two rows of entries when the figure is narrow)
 LEGEND_ROOM = 48
 
