@@ -120,6 +120,9 @@ def test_int8_outlier_needs_the_outlier_path_unquantized(tmp_path):
     res = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "fixed.onnx")
     assert res.met and res.kind == "qdq"
     assert sorted(res.kept) == ["/mlp/fc2/Add", "/mlp/fc3/MatMul"]
+    # what was done to each: its Q/DQ pairs removed (the JSON said "fp32-island", the FP16 repair's kind)
+    assert sorted((r["node"], r["kind"]) for r in res.to_json()["repairs"]) == [
+        ("/mlp/fc2/Add", "remove-qdq"), ("/mlp/fc3/MatMul", "remove-qdq")]
     # the default independent check runs the Q/DQ model unfused; --verify ref the same in onnx's evaluator
     independent = res.verification["independent"]
     assert independent["engine"] == "ort (graph_optimization=disable)" and independent["met"], independent

@@ -350,7 +350,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         timing={k: round(v, 3) for k, v in timing.items()}, notes=notes,
         builds_detail={"search": ev.search_builds, **by_role, "comparison": result.builds},
         executor=spec.describe(), model=repaired, plan=plan,
-        repairs=describe([rw for rw in rewritten if rw.node not in set(kept)], kept))
+        repairs=describe([rw for rw in rewritten if rw.node not in set(kept)], kept, builder.kind))
     if not pool and nodes is None and not result.culprits:  # (culprits it could not try are named in notes)
         res.notes.append("the comparison flagged no culprit to keep")
     return res

@@ -47,7 +47,7 @@ from .graph import NARROW, PREFIX, GraphIndex, Names, constant_tensor, prune, us
 
 log = logging.getLogger(__name__)
 
-KINDS = ("restore-constant", "fold-bn", "rescale", "fold-scale", "fp32-island")
+KINDS = ("restore-constant", "fold-bn", "rescale", "fold-scale", "fp32-island", "remove-qdq")
 _NP = {TensorProto.FLOAT16: np.float16}
 #: folded weights must keep this SQNR (dB) in the low precision, or the fold would trade one error for another
 MIN_FOLD_SQNR_DB = 50.0
@@ -450,9 +450,11 @@ def _narrow_of(node: onnx.NodeProto, types: dict[str, int]) -> int | None:
     return next((types[i] for i in node.input if types.get(i) in NARROW), None)
 
 
-def describe(rewrites: Iterable[Rewrite], islands: Iterable[str]) -> list[dict]:
-    """``repairs`` of the JSON: every rewrite, then every FP32 island (``kind``: one of :data:`KINDS`)."""
-    return [rw.to_json() for rw in rewrites] + [{"node": n, "kind": "fp32-island"} for n in islands]
+def describe(rewrites: Iterable[Rewrite], islands: Iterable[str], kind: str = "float") -> list[dict]:
+    """``repairs`` of the JSON: every rewrite, then every kept node (``kind``: one of :data:`KINDS`): an FP32
+    island of an FP16/BF16 candidate, its Q/DQ pairs removed in a Q/DQ one (builder kind ``"qdq"``)."""
+    kept = "remove-qdq" if kind == "qdq" else "fp32-island"
+    return [rw.to_json() for rw in rewrites] + [{"node": n, "kind": kept} for n in islands]
 
 
 # --- the search's first phase -----------------------------------------------------------------------------------
