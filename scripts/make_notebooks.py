@@ -10,8 +10,8 @@ Saved so that opening one before running it is clean: the kernelspec is the inst
 different display name on open, marking the notebook modified); each figure in a cell output carries a PNG of
 itself (JupyterLab's plotly renderer shows it until the mouse enters the figure; without one it adds a PNG as it
 draws, marking the notebook modified on open; drawn with Playwright and Chromium, see add_pictures); paths of
-this machine (the repository, temporary folders) are written relative to the notebook or as "<temporary
-folder>".
+this machine (the repository, temporary folders) are written relative to the notebook or as "(a temporary
+folder)".
 """
 
 from __future__ import annotations
@@ -407,7 +407,8 @@ def add_pictures(nb: nbformat.NotebookNode) -> int:
 
 def scrub_paths(nb: nbformat.NotebookNode, notebook_dir: Path) -> int:
     """Paths of the machine that ran the notebook, in outputs and saved widgets: the repository becomes the
-    path relative to the notebook, a temporary folder "<temporary folder>". Returns how many were replaced."""
+    path relative to the notebook, a temporary folder "(a temporary folder)" (not in angle brackets: an HTML widget
+    would read that as a tag and show nothing). Returns how many were replaced."""
     import json
 
     text = json.dumps(nb)
@@ -418,7 +419,7 @@ def scrub_paths(nb: nbformat.NotebookNode, notebook_dir: Path) -> int:
         count += text.count(old)
         text = text.replace(old, new)
     temp = re.escape(tempfile.gettempdir().rstrip("/"))
-    text, n = re.subn(temp + r"/[A-Za-z0-9_.\-]+", "<temporary folder>", text)
+    text, n = re.subn(temp + r"/[A-Za-z0-9_.\-]+", "(a temporary folder)", text)
     count += n
     nb.clear()
     nb.update(nbformat.from_dict(json.loads(text)))

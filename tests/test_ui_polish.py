@@ -373,7 +373,14 @@ def test_make_notebooks_scrubs_paths_and_draws_pictures(tmp_path):
                                                            f"{tempfile.gettempdir()}/workbench-abc123/x.json")]
     nb.cells = [cell, text]
     assert mk.scrub_paths(nb, REPO / "notebooks") == 2
-    assert nb.cells[1].outputs[0].text == "../sample_models/a.onnx and <temporary folder>/x.json"
+    assert nb.cells[1].outputs[0].text == "../sample_models/a.onnx and (a temporary folder)/x.json"
+    # in an HTML widget's value too, where "<temporary folder>" was read as a tag: the saved quickstart said
+    # "finished runs are saved to" and nothing more
+    html_widget = {"state": {"value": f'<span>runs are saved to {tempfile.gettempdir()}/workbench-runs-x</span>'}}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"m": html_widget}}}
+    assert mk.scrub_paths(nb, REPO / "notebooks") == 1
+    saved = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]["m"]["state"]["value"]
+    assert saved == "<span>runs are saved to (a temporary folder)</span>"
     if not Path(mk.CHROMIUM).exists():
         pytest.skip(f"{mk.CHROMIUM} not found")
     pytest.importorskip("playwright")
