@@ -20,6 +20,21 @@ os.environ["WORKBENCH_RUNS_DIR"] = _RUNS
 __import__("atexit").register(__import__("shutil").rmtree, _RUNS, True)
 
 
+@pytest.fixture(autouse=True)
+def _runs_of_this_test(monkeypatch):
+    """Each test saves its runs into a folder of its own under :data:`_RUNS`: run numbers go on after the model's
+    saved runs (a kernel restart does not start again at #1), so another test's runs of the same model would
+    shift this one's. Saves still being written are waited for, into the folder they started in."""
+    import sys
+    import tempfile
+
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", tempfile.mkdtemp(prefix="test-", dir=_RUNS))
+    yield
+    store = sys.modules.get("workbench.ui.run_store")
+    if store is not None:
+        store.wait_saved(60)
+
+
 def served_downloads(html_text: str) -> list[tuple[str, str, bytes]]:
     """(name, data-path, bytes) of each download link in ``html_text``, the bytes assembled from the messages the
     kernel's download server sends when the link is clicked (``workbench.ui.downloads``; a browser test clicks

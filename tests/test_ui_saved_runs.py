@@ -64,7 +64,8 @@ def test_a_comparison_is_saved_and_reopened_after_a_restart_in_every_view(runs):
     assert _metrics(result) == _metrics(original) and result.diverged == original.diverged
     assert [c.node for c in result.culprits] == [c.node for c in original.culprits]
     run = fresh.state.current_run("comparison")
-    assert run.result is result and run.label == saved.label and run.tag == f"run #1, reopened from {entry.name}"
+    # numbered after the saved run #1: a restart does not start again at #1 (two runs #1 in the saved list)
+    assert run.result is result and run.label == saved.label and run.tag == f"run #2, reopened from {entry.name}"
     assert run.tag in fresh.saved_runs.note.value
     # every view derives from it
     assert f"{run.tag}:" in fresh.errors_panel.message.value and fresh.errors_panel.curve_shown

@@ -179,9 +179,11 @@ def save_in_background(run: Any, model: Any, then: Any = None) -> threading.Thre
     if keep_count() == 0 or run.kind not in SAVED_KINDS or run.result is None or model is None:
         return None
 
+    folder = runs_dir()  # where it is now: the setting may change before the thread runs
+
     def work() -> None:
         try:
-            path = save_run(run, model)
+            path = save_run(run, model, folder)
             log.info("%s saved to %s", run.tag, path)
             if then is not None:
                 then(path)

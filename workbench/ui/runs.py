@@ -15,8 +15,9 @@ STATUSES = ("running", "done", "cancelled", "failed")
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One run: ``id`` (1, 2, ... in this session, all kinds together), ``kind``, ``status``, what ran (``label``),
-    when it started (``started``, seconds since the epoch) and its ``result`` once done."""
+    """One run: ``id`` (N, N+1, ... in this session, all kinds together, after the model's saved runs),
+    ``kind``, ``status``, what ran (``label``), when it started (``started``, seconds since the epoch) and its
+    ``result`` once done."""
 
     id: int
     kind: str
@@ -41,15 +42,19 @@ class Run:
 class RunLog:
     """The runs of a session, oldest first (immutable :class:`Run` records; each transition replaces one)."""
 
-    def __init__(self, runs: tuple[Run, ...] = ()) -> None:
+    def __init__(self, runs: tuple[Run, ...] = (), first: int = 1) -> None:
         self.runs = tuple(runs)
+        #: the first run's number: after the saved runs of the model (a kernel restart does not start again at
+        #: #1, which gave two saved runs the same label)
+        self.first = first
 
     def start(self, kind: str, label: str = "", result: Any = None, status: str = "running",
               source: str = "") -> tuple[RunLog, Run]:
         if kind not in KINDS:
             raise ValueError(f"no run kind {kind!r}; use one of {', '.join(KINDS)}")
-        run = Run(id=len(self.runs) + 1, kind=kind, label=label, status=status, result=result, source=source)
-        return RunLog((*self.runs, run)), run
+        run = Run(id=self.first + len(self.runs), kind=kind, label=label, status=status, result=result,
+                  source=source)
+        return RunLog((*self.runs, run), self.first), run
 
     def end(self, run_id: int, status: str, result: Any = None, error: str = "") -> tuple[RunLog, Run]:
         if status not in STATUSES[1:]:
@@ -58,7 +63,7 @@ class RunLog:
         if old is None:
             raise KeyError(f"no run #{run_id}")
         new = dataclasses.replace(old, status=status, result=result if status == "done" else None, error=error)
-        return RunLog(tuple(new if r.id == run_id else r for r in self.runs)), new
+        return RunLog(tuple(new if r.id == run_id else r for r in self.runs), self.first), new
 
     def get(self, run_id: int) -> Run | None:
         return next((r for r in self.runs if r.id == run_id), None)

@@ -108,7 +108,7 @@ class WorkbenchState(HasTraits):
     @property
     def log(self) -> RunLog:
         if self.runs is None:
-            self.runs = RunLog()
+            self.runs = RunLog(first=_next_run_id(self.model))
         return self.runs
 
     def begin_run(self, kind: str, label: str = "") -> Run:
@@ -214,3 +214,15 @@ class WorkbenchState(HasTraits):
 _SLOT_OF = {"comparison": "result", "calibration": "calibration", "engine": "engine_graph"}
 _KIND_OF = {v: k for k, v in _SLOT_OF.items()}
 
+
+def _next_run_id(model: Any) -> int:
+    """1 + the highest number of the saved runs of ``model`` (1 without any): numbers go on across kernels."""
+    from .run_store import saved_runs
+
+    sha = getattr(model, "fingerprint", None)
+    if not sha:
+        return 1
+    try:
+        return 1 + max((r.run_id for r in saved_runs(sha)), default=0)
+    except OSError:  # an unreadable runs folder: numbering from 1 is still right for this session
+        return 1
