@@ -314,6 +314,33 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
     assert not (tmp_path / "fixed.onnx").exists()
 
 
+def test_a_qoperator_candidate_is_refused_before_the_comparison(tmp_path, capsys):
+    """A QOperator model (QLinearConv, QLinearMatMul...) computes in integers with no float node to restore: repair
+    searched it, found no pair to remove and said the target could not be reached, with 0.00% of the weights
+    INT8. It is refused in one line that says what to give instead."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    model = SAMPLES / "int8_outlier.onnx"
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(feeds)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    qop = tmp_path / "qop.onnx"
+    quantize_static(str(model), str(qop), Reader(), quant_format=QuantFormat.QOperator)
+    ops = {n.op_type for n in onnx.load(str(qop)).graph.node}
+    assert ops & {"QLinearMatMul", "QLinearAdd", "MatMulInteger"}, ops
+    code = main(["repair", str(model), "--ref", "ort", "--cand", "ort", "--cand-model", str(qop),
+                 "--out", str(tmp_path / "fixed.onnx")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "QOperator format" in err and "quant_format=QuantFormat.QDQ" in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "fixed.onnx").exists()
+
+
 def test_out_equal_to_the_input_is_refused(tmp_path, capsys):
     copy = tmp_path / "model.onnx"
     copy.write_bytes(CLAMP.read_bytes())

@@ -131,6 +131,7 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     try:
         if source is not None:
             plan.feed_info = source
+        _refuse_qoperator(plan.cand_model)
         if nodes is not None:  # unknown names fail before the comparison
             nodes = IslandBuilder(plan.cand_model, plan.ref_model).check(nodes)
         again_possible = _may_search_again(plan, verify)
@@ -454,6 +455,28 @@ def _spill_weights(builder: IslandBuilder):
         return None
     log.info("repair: %.0f MB of weights mapped from %s for the builds", moved / 1e6, folder.name)
     return folder
+
+
+#: ops of ONNX Runtime's QOperator format: they compute in integers, with no float node left to restore
+QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QLinearAdd", "QLinearMul",
+                 "QLinearGlobalAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu",
+                 "QLinearAveragePool", "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere", "QGemm", "QAttention",
+                 "DynamicQuantizeMatMul")
+
+
+def _refuse_qoperator(model) -> None:
+    """Refuse, before the comparison, a candidate quantized in the QOperator format (QLinearConv...): repair
+    removes the Q/DQ pairs around float nodes, and such a model's integer nodes have none (it was searched, found
+    nothing to remove and said the target could not be reached)."""
+    from collections import Counter
+
+    found = Counter(n.op_type for n in model.graph.node if n.op_type in QOPERATOR_OPS)
+    if found:
+        ops = ", ".join(f"{count} {op}" for op, count in found.most_common(4))
+        raise RepairError(f"the candidate is quantized in the QOperator format ({ops}): repair removes Q/DQ pairs "
+                          "around float nodes, and its integer nodes have none",
+                          "quantize it in the QDQ format (quantize_static(..., quant_format=QuantFormat.QDQ)), or "
+                          "repair from the FP32 model: workbench repair MODEL.onnx --cand ort:int8 --calib DATA")
 
 
 def _check_verify(verify: str | None) -> None:
