@@ -120,6 +120,8 @@ def test_int8_outlier_needs_the_outlier_path_unquantized(tmp_path):
     res = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "fixed.onnx")
     assert res.met and res.kind == "qdq"
     assert sorted(res.kept) == ["/mlp/fc2/Add", "/mlp/fc3/MatMul"]
+    # chosen on 8 feeds: the result says to check it on others (an INT8 repair on 8 crops misread 1-8% of new ones)
+    assert any("chosen to meet the target on these 8 feed(s)" in n for n in res.notes)
     # what was done to each: its Q/DQ pairs removed (the JSON said "fp32-island", the FP16 repair's kind)
     assert sorted((r["node"], r["kind"]) for r in res.to_json()["repairs"]) == [
         ("/mlp/fc2/Add", "remove-qdq"), ("/mlp/fc3/MatMul", "remove-qdq")]
@@ -620,6 +622,7 @@ def test_a_candidate_that_already_meets_the_target_is_written_as_converted_and_j
     res = repair(str(SAMPLES / "healthy_cnn.onnx"), "ort", "ort:fp16", out=str(out), verify=None)
     assert res.met and res.kept == [] and [e["how"] for e in res.evaluations] == ["baseline"]
     assert res.verification["candidate"]["met"] and "verify" not in res.builds_detail
+    assert not any("chosen to meet the target" in n for n in res.notes)  # nothing was chosen
     written = onnx.load(str(out))
     assert [n.op_type for n in written.graph.node] == [n.op_type for n in res.plan.cand_model.graph.node]
     assert weight_share_fp16(written) == 1.0
