@@ -77,3 +77,20 @@ def test_repair_on_ort_searches_again_where_fp16_arithmetic_shows(linear, tmp_pa
     assert w.dtype == b.dtype == np.float16
     got = np.maximum(_fp16_linear(feed["x"], w, b).astype(np.float64), 0.0)  # the saved weights, as a GPU runs them
     assert np.isfinite(got).all() and np.abs(got - truth).max() < 1e-2 * np.abs(truth).max()
+
+
+def test_an_interrupt_during_the_second_search_leaves_no_model_at_out(linear, tmp_path, monkeypatch):
+    """The first pass wrote its model (the one that failed in FP16 arithmetic) before the second search began: a
+    Ctrl-C there left that known-bad file at --out. The first pass now writes only when no second search follows."""
+    import workbench.repair.api as api
+
+    fp32, _, feed, _ = linear
+    out = tmp_path / "fixed.onnx"
+
+    def interrupted(steps, engine):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "_second_pass", interrupted)  # the second search starts: the user presses Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        repair(str(fp32), "ort", "ort:fp16", feeds=[feed], out=out)
+    assert not out.exists() and not list(tmp_path.iterdir())

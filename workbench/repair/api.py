@@ -135,14 +135,18 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
         if nodes is not None:  # unknown names fail before the comparison
             nodes = IslandBuilder(plan.cand_model, plan.ref_model).check(nodes)
         again_possible = _may_search_again(plan, verify)
+        # a first pass that may be searched again writes nothing: an interrupt during the second search would
+        # leave the first pass's model, which failed in FP16 arithmetic, at --out
         res = _repair(plan, steps.span(0.0, FIRST_PASS) if again_possible else steps, t0, target=target,
-                      metric=metric, out_path=out_path, nodes=nodes, max_builds=max_builds, max_pool=max_pool,
-                      batch=batch, verify=verify, cancel=cancel, spec=spec, rewrites=rewrites)
+                      metric=metric, out_path=None if again_possible else out_path, nodes=nodes,
+                      max_builds=max_builds, max_pool=max_pool, batch=batch, verify=verify, cancel=cancel, spec=spec,
+                      rewrites=rewrites)
     finally:
         plan.close()
     arith = _fp16_arithmetic_engine(res, plan)
     if arith is None:
         if again_possible:
+            _write(res, out_path)
             steps(1.0, "done")
         return res
     # ONNX Runtime's CPU provider computes most FP16 operators in FP32: a model it passes can still overflow where
@@ -158,6 +162,7 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     except WorkbenchError as e:  # the first result stands, said to fail in FP16 arithmetic
         res.notes.insert(0, f"the model passes on {plan.cand_spec} but fails in FP16 arithmetic "
                             f"({first.get('engine')}), as a GPU computes; searching again on {arith} failed: {e}")
+        _write(res, out_path)
         return res
     kept = ", ".join(res.kept) or "nothing"
     again.notes.insert(0, f"on {plan.cand_spec} the target was met keeping {kept}, but that model failed in FP16 "
@@ -168,6 +173,12 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     again.timing["first_pass_s"] = res.timing.get("total_s")
     again.timing["total_s"] = round(time.perf_counter() - t0, 3)
     return again
+
+
+def _write(res: RepairResult, out_path) -> None:
+    """Write the repaired model of a first pass that was not searched again (``out_path`` None: nothing)."""
+    if out_path is not None:
+        res.model_path = str(save_model(res.model, out_path))
 
 
 def _may_search_again(plan, verify: str | None) -> bool:
