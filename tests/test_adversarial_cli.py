@@ -465,3 +465,37 @@ def test_every_public_api_function_checks_its_arguments():
     unchecked = [name for name, fn in _api().items() if not hasattr(fn, "__wrapped__")]
     assert unchecked == []
     assert {c[0] for c in API_CASES} == set(_api())
+
+
+def test_a_full_temporary_folder_is_named_instead_of_the_output(tmp_path, monkeypatch, capsys):
+    """With TMPDIR on a small file system, a big model's scratch copies filled it and the line blamed the output
+    being written ('No space left on device writing --json full.json -- free disk space'), on a disk with 69 GB
+    free. The run's scratch is named now, with what to do."""
+    import errno
+
+    import workbench.compare.api as compare_api
+    import workbench.output_options as oo
+    from workbench.cli import main
+    from workbench.core.scratch import run_scratch
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run_scratch() / "workbench-weights-x" / "w.bin"))
+
+    monkeypatch.setattr(compare_api, "ComparisonPlan", full)
+    assert main(["compare", str(MODEL), "--json", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "No space left on device in the temporary folder" in err and "set TMPDIR" in err and "--json" not in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "out.json").exists()
+    # no file named: the scratch when no output shares its file system, else the output (its disk may be full)
+    unnamed = OSError(errno.ENOSPC, "No space left on device")
+    parser_args = ["compare", str(MODEL), "--json", str(tmp_path / "out.json")]
+    from workbench.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(parser_args)
+    monkeypatch.setattr(oo, "_device", lambda path: 1)  # the output on the temporary folder's file system
+    assert oo.scratch_out_of_space(unnamed, parser, args) is None
+    monkeypatch.setattr(oo, "_device", lambda path: 1 if str(path).startswith(str(tmp_path)) else 2)
+    assert oo.scratch_out_of_space(unnamed, parser, args) is not None
+    efbig = OSError(errno.EFBIG, "File too large")  # a file-size limit is the output's, never the folder's
+    assert oo.scratch_out_of_space(efbig, parser, args) is None

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from . import __version__
 from .core.paths import Output, check_outputs
 from .errors import Cancelled, InputError, WorkbenchError
-from .output_options import SPACE_ERRNOS, OutputOption, check_given_outputs, space_error_destination
+from .output_options import (
+    SPACE_ERRNOS,
+    OutputOption,
+    check_given_outputs,
+    scratch_out_of_space,
+    space_error_destination,
+)
 from .textfmt import printable, printable_lines
 
 log = logging.getLogger("workbench")
@@ -879,6 +885,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as e:
         from .errors import os_error_text
 
+        scratch = scratch_out_of_space(e, parser, args) if e.errno in SPACE_ERRNOS and not debug else None
+        if scratch is not None:  # the run's own temporaries filled their folder: the outputs' disk is not the one
+            _say(f"error: {e.strerror or e} in the temporary folder {printable(scratch)} (this run's scratch: model "
+                 "copies and weight files) -- free space there, or set TMPDIR to a folder with room")
+            return EXIT_BAD_INPUT
         # a full disk: name the output being written, not a temporary or an input
         dest = space_error_destination(e, parser, args) if e.errno in SPACE_ERRNOS else None
         said = None if debug else os_error_text(e, writing=dest)

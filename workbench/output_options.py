@@ -92,3 +92,43 @@ def _free(path: str) -> float:
         return shutil.disk_usage(folder).free
     except OSError:
         return float("inf")
+
+
+def scratch_out_of_space(error: OSError, parser: argparse.ArgumentParser, args: argparse.Namespace | None
+                         ) -> str | None:
+    """The temporary folder holding this run's scratch (model copies, weight files), when a write that ran out of
+    room was there rather than at an output: the file the error names is in this run's scratch, or it names none
+    while no output shares the temporary folder's file system or has little room left. Else None."""
+    import tempfile
+
+    from .core.scratch import RUN_PREFIX
+
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    base = os.path.abspath(tempfile.gettempdir())
+    if os.path.basename(base).startswith(RUN_PREFIX):  # the run's own folder stands in for the temp folder
+        base = os.path.dirname(base)
+    named = [os.path.abspath(os.fspath(f)) for f in (error.filename, error.filename2) if f]
+    if named:
+        runs = [f for f in named if os.path.commonpath([base, f]) == base
+                and os.path.relpath(f, base).split(os.sep)[0].startswith(RUN_PREFIX)]
+        return base if runs else None
+    outs = given_outputs(parser, args) if args is not None else []
+    device = _device(base)
+    if any(_device(o.path) == device or _free(o.path) < _LITTLE_ROOM for o in outs):
+        return None  # the output's disk may be the full one: the output is named
+    return base
+
+
+#: an output's file system with less free space than this may be the one a write ran out of
+_LITTLE_ROOM = 64 * 1024**2
+
+
+def _device(path: str) -> int | None:
+    folder = os.path.abspath(path)
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        return os.stat(folder).st_dev
+    except OSError:
+        return None
