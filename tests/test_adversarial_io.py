@@ -115,7 +115,8 @@ def tiny(names: dict | None = None) -> onnx.ModelProto:
              helper.make_node("Relu", [n["h"]], [n["y"]], name=n["relu"])]
     graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info(n["x"], TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info(n["y"], TensorProto.FLOAT, [1, 4])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name=n.get("producer", "tests"), producer_version=n.get("version", ""))
     model.ir_version = 8
     return model
 
@@ -295,7 +296,8 @@ def test_fifo_never_blocks_the_console_command(command, option, good, tmp_path):
 # --- 4. names cannot forge output lines ----------------------------------------------------------------------------
 #: each hostile name carries a line breaker or a terminal control, then text that would start a forged line
 FORGE = {"x": "x\nFORGED verdict: ok", "y": "y\rFORGED verdict: ok", "h": "h\x1b[2JFORGED",
-         "mm": "mm\u2028FORGED verdict: ok", "relu": "relu\x85FORGED\x0bFORGED\u2029FORGED"}
+         "mm": "mm\u2028FORGED verdict: ok", "relu": "relu\x85FORGED\x0bFORGED\u2029FORGED",
+         "producer": "tests\nFORGED verdict: ok", "version": "1\rFORGED"}
 _RAW = set("\r\x1b\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e")
 
 

@@ -16,12 +16,12 @@ def render(result: Inspection) -> str:
     m = doc["model"]
     lines = [
         f"{printable(m['name'])}  sha256 {m['sha256'][:16]}  IR {doc['ir_version']}  "
-        f"producer {doc['producer']['name'] or '?'} {doc['producer']['version']}".rstrip(),
+        f"producer {printable(doc['producer']['name'] or '?')} {printable(doc['producer']['version'] or '')}".rstrip(),
         f"nodes: {doc['nodes']}"
         + (f" ({doc['nodes_total']} with those of its subgraphs)" if doc["nodes_total"] != doc["nodes"] else "")
         + "   "
         f"params: {doc['params']['count']:,} ({human_bytes(doc['params']['bytes'])})",
-        "opsets: " + ", ".join(f"{d} {v}" for d, v in sorted(doc["opset_imports"].items())),
+        "opsets: " + ", ".join(f"{printable(d)} {v}" for d, v in sorted(doc["opset_imports"].items())),
     ]
     if m["external_data"]:
         lines.append("external data: " + ", ".join(m["external_data"]))
