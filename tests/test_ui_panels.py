@@ -238,9 +238,21 @@ def test_run_is_disabled_while_its_job_runs():
     thread = jobs.start("job", work)
     assert started.wait(10)
     assert button.disabled and jobs.running
+    # while it runs the controls carry the class that, if the kernel goes away (a restart), hides the bar and
+    # Cancel (which can do nothing then: the view stayed "running" for ever) and shows what happened
+    from importlib.resources import files
+
+    from workbench.ui.jobs import GONE_NOTE, RUNNING_CLASS
+
+    assert RUNNING_CLASS in jobs._dom_classes and GONE_NOTE in jobs.gone.value and jobs.gone in jobs.children
+    css = (files("workbench.ui") / "static" / "workbench.css").read_text()
+    assert ".jupyter-widgets-disconnected .wb-job-running .wb-gone-note { display: block;" in css
+    assert ".jupyter-widgets-disconnected .wb-job-running .wb-job-row { display: none !important; }" in css
+    assert ".wb-gone-note { display: none; }" in css and "wb-job-row" in jobs._row._dom_classes
     release.set()
     thread.join(10)
     assert not button.disabled and not jobs.running
+    assert RUNNING_CLASS not in jobs._dom_classes
 
 
 def test_uploaded_npz_feeds_are_used(tmp_path):

@@ -66,6 +66,12 @@ def settle(timeout: float = 120.0) -> bool:
         time.sleep(0.05)
 
 
+#: the class a JobControls carries while its job runs (the CSS shows :data:`GONE_NOTE` if the kernel goes then)
+RUNNING_CLASS = "wb-job-running"
+GONE_NOTE = ("This run stopped: the kernel that ran it is gone (restarted or shut down). Run the cell again to use "
+             "the workbench; finished runs can be reopened from its saved runs.")
+
+
 class JobControls(widgets.VBox):
     """A progress bar, a status line and a Cancel button for one job at a time.
 
@@ -93,8 +99,13 @@ class JobControls(widgets.VBox):
         self.cancelled = False
         row = widgets.HBox([self.bar, self.cancel_button, self.label], layout=widgets.Layout(align_items="center"))
         row.layout.display = "none"
+        row.add_class("wb-job-row")
         self._row = row
-        super().__init__([row, self.status], **kwargs)
+        # shown by the CSS only when the kernel went away while a job ran (a restart): the row's Cancel and bar
+        # can do nothing then, and the view would stay "running" for ever
+        self.gone = widgets.HTML(f'<div class="wb-gone-note">{GONE_NOTE}</div>')
+        self.gone.add_class("wb-gone")
+        super().__init__([row, self.gone, self.status], **kwargs)
 
     @property
     def running(self) -> bool:
@@ -142,6 +153,7 @@ class JobControls(widgets.VBox):
         """No job left (kernel thread): Cancel off, the locked buttons on again (unless a new job took them)."""
         if self._active:
             return
+        self.remove_class(RUNNING_CLASS)
         self.cancel_button.disabled = True
         for button in self.locks:
             button.disabled = False
@@ -153,6 +165,7 @@ class JobControls(widgets.VBox):
         self.status.value = ""
         self.cancel_button.disabled = False
         self._row.layout.display = "flex"
+        self.add_class(RUNNING_CLASS)
 
     def _show_progress(self, fraction: float, text: str) -> None:
         if self._row.layout.display == "none":  # the job already ended: a late update is dropped
@@ -192,6 +205,7 @@ class JobControls(widgets.VBox):
         self.bar.value, self.bar.bar_style = 1.0, "success"
         self.label.value = html.escape(f"{name}: done")
         self._row.layout.display = "none"
+        self.remove_class(RUNNING_CLASS)
 
     def _failed(self, name: str, cancel: threading.Event, e: BaseException, on_error) -> None:
         """``work`` (or showing its value) failed or was cancelled (kernel thread)."""
@@ -209,6 +223,7 @@ class JobControls(widgets.VBox):
                 log.exception("error handler of %s failed", name)
         self.bar.bar_style = "danger"
         self._row.layout.display = "none"
+        self.remove_class(RUNNING_CLASS)
 
     def cancel(self) -> None:
         """Ask the running job to stop (the core checks the Event between steps)."""
