@@ -1,8 +1,9 @@
 """Runs that survive a kernel restart (issue 22), in a real browser (JupyterLab + headless Chromium): run a
 comparison in the Workbench, restart the kernel (nothing of the run is left in memory), show the Workbench again,
-pick the saved run and press Reopen: every tab shows it as ``run #N, reopened from BUNDLE`` and its numbers are the
-original run's (read in the kernel, and in the Compare, Errors and Graph tabs). The runs go to
-``$WORKBENCH_RUNS_DIR``: a folder of this test's own, which the notebook's first cell sets in each kernel."""
+pick the saved run and press Reopen: every tab shows it as ``run #N, reopened from BUNDLE`` (numbered after the
+saved runs) and its numbers are the original run's (read in the kernel, and in the Compare, Errors and Graph tabs).
+A run going on when the kernel restarts says it stopped. The runs go to ``$WORKBENCH_RUNS_DIR``: a folder of this
+test's own, which the notebook's first cell sets in each kernel."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ CELLS = [
     'r, run = wb.state.result, wb.state.current_run("comparison")\n'
     'print("numbers:", [(t.node, "%.6g" % t.metrics["sqnr_db"], "%.6g" % t.metrics["max_abs"]) for t in r.tensors],'
     ' "diverged:", r.diverged, "run:", run.id, "label:", run.label)',
+    # a long comparison, running when the kernel restarts
+    'p = wb.compare_panel\np.ref_engine.value, p.cand_engine.value, p.cand_variant.value = "ref", "ref", "fp16"\n'
+    'p.inputs.count.value = 4000\nprint("long run started:", p.run() is not None)',
 ]
 PANES = "'.lm-StackedPanel-child, .p-StackedPanel-child, .widget-tab-contents > *'"
 SHOWN_JS = """w => { const box = [...w.querySelectorAll(PANES)]
@@ -78,7 +82,10 @@ def test_a_run_is_reopened_after_a_kernel_restart_with_its_numbers(lab_page, art
     compare_text = wb.evaluate(SHOWN_JS)
     H.screenshot(page, artifacts, "01-run")
 
-    # the kernel restarts (as a user does: Kernel > Restart Kernel...): its Workbench, results and runs are gone
+    # a long run starts, and the kernel restarts while it runs (as a user does: Kernel > Restart Kernel...): its
+    # Workbench, results and runs are gone; the view of the run says it stopped instead of staying "running"
+    H.run_cell(page, 2, wait=True)
+    wb.locator(".wb-job-running").first.wait_for(state="attached", timeout=60_000)
     [kernel] = B._lab_api(lab, "GET", "/api/kernels")
     H.menu(page, "Kernel", "Restart Kernel…")
     page.locator(".jp-Dialog-button", has_text="Restart").click()
@@ -90,6 +97,11 @@ def test_a_run_is_reopened_after_a_kernel_restart_with_its_numbers(lab_page, art
             break
         page.wait_for_timeout(1000)
     assert "NameError" in out.inner_text(), out.inner_text()
+    stopped = wb.locator(".wb-job-running .wb-gone-note", has_text="This run stopped: the kernel that ran it is gone")
+    stopped = stopped.first
+    stopped.wait_for(state="visible", timeout=60_000)
+    assert not wb.locator(".wb-job-running .wb-job-row").first.is_visible()  # no Cancel that can do nothing
+    H.screenshot(page, artifacts, "01b-restarted-while-running")
     [again] = B._lab_api(lab, "GET", "/api/kernels")
     assert again["id"] == kernel["id"]
     H.menu(page, "Edit", "Clear Outputs of All Cells")
@@ -101,25 +113,26 @@ def test_a_run_is_reopened_after_a_kernel_restart_with_its_numbers(lab_page, art
     assert option.count() == 1 and "DIVERGED" in option.inner_text()
     H.screenshot(page, artifacts, "02-restarted")
     wb.locator(".wb-saved-runs button", has_text="Reopen").click()
-    note = wb.locator(".wb-saved-runs", has_text=re.compile(r"run #1, reopened from \S+-comparison-"))
+    # numbered after the saved run #1 (a restart does not start again at #1)
+    note = wb.locator(".wb-saved-runs", has_text=re.compile(r"run #2, reopened from \S+-comparison-"))
     note.wait_for(timeout=120_000)
 
     reopened, now = _numbers(page)
     assert reopened == original  # every tensor's numbers and the verdict
-    assert now.startswith("1 ") and now == first  # the same run's label
+    assert now.startswith("2 ") and now.split(" ", 1)[1] == first.split(" ", 1)[1]  # the same run's label
     tab("Compare")
     wb.locator("button", has_text=f"#1 {CULPRIT}").wait_for(timeout=60_000)
     text = wb.evaluate(SHOWN_JS)
-    assert re.search(r"run #1, reopened from \S+-comparison-", text), text[:2000]
+    assert re.search(r"run #2, reopened from \S+-comparison-", text), text[:2000]
     # the Compare tab reads as it did for the original run (its culprit card, verdict and numbers)
     cards = [line for line in compare_text.splitlines() if "dB" in line]
     assert cards and all(line in text for line in cards), (cards, text[:3000])
     tab("Errors")
-    wb.get_by_text(re.compile(r"run #1, reopened from \S+-comparison-\w+: DIVERGED")).first.wait_for(timeout=60_000)
+    wb.get_by_text(re.compile(r"run #2, reopened from \S+-comparison-\w+: DIVERGED")).first.wait_for(timeout=60_000)
     tab("Compare")
     wb.locator("button", has_text=f"#1 {CULPRIT}").click()  # selects it everywhere
     tab("Graph")
-    wb.get_by_text(re.compile(r"from comparison run #1, reopened from \S+-comparison-")).first.wait_for(timeout=60_000)
+    wb.get_by_text(re.compile(r"from comparison run #2, reopened from \S+-comparison-")).first.wait_for(timeout=60_000)
     assert f"{float(sqnr):.4g}" in wb.evaluate(SHOWN_JS)  # as the side pane prints it
     H.screenshot(page, artifacts, "03-reopened")
     assert not errors, errors
