@@ -84,12 +84,17 @@ def space_error_destination(error: OSError, parser: argparse.ArgumentParser, arg
     return " or ".join(f"{o.option} {o.path}" for o in (full or outs))
 
 
-def _free(path: str) -> float:
+def _existing_folder(path: str) -> str:
+    """``path``'s nearest folder that exists (itself, when it is one)."""
     folder = os.path.abspath(path)
     while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)
+    return folder
+
+
+def _free(path: str) -> float:
     try:
-        return shutil.disk_usage(folder).free
+        return shutil.disk_usage(_existing_folder(path)).free
     except OSError:
         return float("inf")
 
@@ -125,10 +130,7 @@ _LITTLE_ROOM = 64 * 1024**2
 
 
 def _device(path: str) -> int | None:
-    folder = os.path.abspath(path)
-    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
-        folder = os.path.dirname(folder)
     try:
-        return os.stat(folder).st_dev
+        return os.stat(_existing_folder(path)).st_dev
     except OSError:
         return None
