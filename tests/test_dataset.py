@@ -427,3 +427,38 @@ def test_cancel_stops_the_workers(tmp_path):
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
             and "resource_tracker" not in " ".join(p.cmdline())]  # multiprocessing's own, for the whole session
     assert left == [], [(p.pid, p.cmdline()) for p in left]
+
+
+def test_a_worker_reads_a_model_file_as_the_loader_does(tmp_path, monkeypatch):
+    """Workers read their model file with onnx's own external-data loader: weights past the inline limit were read
+    whole into every worker (a 1.3 GB decoder's worker: 5.1 GB), and a location outside the model's folder was
+    followed. They now stay in their files, mapped, and a location outside the folder is refused."""
+    from onnx import numpy_helper
+
+    from workbench.dataset.evaluate import ModelRef
+    from workbench.errors import WorkbenchError
+    from workbench.model.mapped import is_mapped, tensor_array
+
+    w = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="m.data", size_threshold=0)
+
+    inline = ModelRef(path=str(path)).load().graph.initializer[0]
+    assert not is_mapped(inline) and np.array_equal(numpy_helper.to_array(inline), w)
+    monkeypatch.setenv("WORKBENCH_INLINE_WEIGHTS_BYTES", "1K")
+    mapped = ModelRef(path=str(path)).load().graph.initializer[0]
+    assert is_mapped(mapped) and np.array_equal(np.asarray(tensor_array(mapped)), w)
+
+    outside = tmp_path / "inner"
+    outside.mkdir()
+    escaping = onnx.load(str(path), load_external_data=False)
+    entry = next(e for e in escaping.graph.initializer[0].external_data if e.key == "location")
+    entry.value = "../m.data"
+    onnx.save(escaping, outside / "m.onnx")
+    with pytest.raises(WorkbenchError, match="climbs out of the model folder"):
+        ModelRef(path=str(outside / "m.onnx")).load()

@@ -232,6 +232,14 @@ def name_nodes(proto: onnx.ModelProto) -> dict[str, str]:
     return renamed
 
 
+def read_external_data(proto: onnx.ModelProto, base_dir: str | os.PathLike) -> list[Path]:
+    """``proto``'s external data read into it, or past the inline limit left in its (checked) files, mapped; the
+    files. Nothing to do (an empty list) for a model without external data."""
+    if not external_refs(proto):
+        return []
+    return _external(proto, Path(base_dir))
+
+
 def _external(proto: onnx.ModelProto, base_dir: Path) -> list[Path]:
     """Read the external data into ``proto``, or past :func:`~workbench.model.mapped.inline_limit` leave the
     weights in their (checked) files, mapped (:mod:`workbench.model.mapped`)."""
