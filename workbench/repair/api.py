@@ -327,7 +327,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             spill.cleanup()
     # the search's sessions and builds are gone but partly held in reference cycles (engines, closures): collected
     # now, before the independent check builds a session of its own (on a 0.9 GB decoder's FP16-arithmetic
-    # search, 2.6 GB was garbage at that point: peak 7.0 -> 4.4 GB)
+    # search, 2.6 GB was garbage at that point)
     gc.collect()
     if kept is None:
         notes.append("no set of the pool met the target: reporting the closest set found")
