@@ -47,7 +47,9 @@ from .graph import NARROW, PREFIX, GraphIndex, Names, constant_tensor, prune, us
 
 log = logging.getLogger(__name__)
 
-KINDS = ("restore-constant", "fold-bn", "rescale", "fold-scale", "fp32-island", "remove-qdq")
+#: the kinds of a node kept in reference precision (an FP32 island; a Q/DQ candidate's node with its pairs removed)
+KEPT_KINDS = ("fp32-island", "remove-qdq")
+KINDS = ("restore-constant", "fold-bn", "rescale", "fold-scale", *KEPT_KINDS)
 _NP = {TensorProto.FLOAT16: np.float16}
 #: folded weights must keep this SQNR (dB) in the low precision, or the fold would trade one error for another
 MIN_FOLD_SQNR_DB = 50.0

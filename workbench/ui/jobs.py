@@ -150,7 +150,8 @@ class JobControls(widgets.VBox):
             self._run(*job)
 
     def _idle(self) -> None:
-        """No job left (kernel thread): Cancel off, the locked buttons on again (unless a new job took them)."""
+        """No job left (kernel thread): Cancel off, the locked buttons on again, the running class off (unless a new
+        job took them)."""
         if self._active:
             return
         self.remove_class(RUNNING_CLASS)
@@ -205,7 +206,6 @@ class JobControls(widgets.VBox):
         self.bar.value, self.bar.bar_style = 1.0, "success"
         self.label.value = html.escape(f"{name}: done")
         self._row.layout.display = "none"
-        self.remove_class(RUNNING_CLASS)
 
     def _failed(self, name: str, cancel: threading.Event, e: BaseException, on_error) -> None:
         """``work`` (or showing its value) failed or was cancelled (kernel thread)."""
@@ -223,7 +223,6 @@ class JobControls(widgets.VBox):
                 log.exception("error handler of %s failed", name)
         self.bar.bar_style = "danger"
         self._row.layout.display = "none"
-        self.remove_class(RUNNING_CLASS)
 
     def cancel(self) -> None:
         """Ask the running job to stop (the core checks the Event between steps)."""

@@ -249,7 +249,9 @@ class RepairPanel(PairedPanel, widgets.VBox):
         if kind != "float":
             return "Q/DQ removed around"
         repairs = getattr(self.result, "repairs", None) or []
-        rewritten = any(r.get("kind") not in ("fp32-island", "remove-qdq") for r in repairs)
+        from ..repair.rewrites import KEPT_KINDS
+
+        rewritten = any(r.get("kind") not in KEPT_KINDS for r in repairs)
         return "repaired (rewritten or kept in reference precision)" if rewritten else "kept in reference precision"
 
     def _on_kept(self, change: dict) -> None:
@@ -264,9 +266,11 @@ class RepairPanel(PairedPanel, widgets.VBox):
         run = self.state.run_of(result)
         self.summary.value = (f'<div class="wb-run">{html.escape(run.tag)}</div>' if run is not None else "") + \
             summary_html(doc)
+        from ..repair.rewrites import KEPT_KINDS
+
         label = "kept in reference precision" if doc.get("kind") == "float" else "Q/DQ removed around"
         repairs = doc.get("repairs") or [{"node": n, "kind": ""} for n in doc.get("kept") or []]
-        if any(r["kind"] not in ("fp32-island", "remove-qdq", "") for r in repairs):
+        if any(r["kind"] not in (*KEPT_KINDS, "") for r in repairs):
             label += " or rewritten in the candidate precision"
         buttons = []
         for r in repairs:  # each with its kind: fp32-island, restore-constant, fold-bn, rescale, ...
