@@ -229,6 +229,74 @@ def test_cli_dataset_bundle_reruns_and_sees_changed_data(tmp_path):
     assert p.returncode == 2 and "unknown metric" in p.stderr
 
 
+def _ort_qdq(model: Path, data: Path, out: Path) -> Path:
+    """A Q/DQ model made by ONNX Runtime's own quantize_static (not the workbench), calibrated on ``data``."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"x": np.load(f)["x"]} for f in sorted(data.glob("*.npz"))])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    quantize_static(str(model), str(out), Reader(), quant_format=QuantFormat.QDQ)
+    return out
+
+
+def test_a_task_target_judges_the_run_by_the_task(tmp_path):
+    """With --target the run fails exactly when the task does: here INT8 outputs pass the criterion while the
+    argmax flips at some positions (the output verdict alone says ok and exits 0). The failing samples are the
+    ones an independent onnxruntime run of both files names; a bundle reruns with the same target."""
+    import dataclasses
+
+    import onnxruntime as ort
+
+    from workbench.dataset.task_target import TaskTarget
+
+    model = _softmax_model(tmp_path / "m.onnx")
+    data = _npz_folder(tmp_path / "d", 6)
+    qdq = _ort_qdq(model, data, tmp_path / "q.onnx")
+    sides = [ort.InferenceSession(str(f), providers=["CPUExecutionProvider"]) for f in (model, qdq)]
+    truth = []
+    for f in sorted(data.glob("*.npz")):
+        a, b = (s.run(None, {"x": np.load(f)["x"]})[0] for s in sides)
+        truth.append(float(np.mean(a.argmax(-1) == b.argmax(-1))))
+    flipped = [i for i, t in enumerate(truth) if t < 1]
+    assert flipped and len(flipped) < len(truth)  # the case this test is about: some answers change, not all
+    r = compare_dataset(model, "ort", "ort", data, cand_model=qdq, metrics=["top1"], task_target="top1>=1",
+                        layers=False)
+    v = r.verdict()
+    assert v["task_failing_samples"] == flipped and r.failed and v["headline"] == "FAILED"
+    assert not r.diverged  # the outputs pass the criterion: only the task says this run fails
+    assert f"{len(flipped)} of 6 sample(s) miss top1 >= 1" in r.render()
+    mean = float(np.mean(truth))
+    assert not dataclasses.replace(r, task_target=TaskTarget.parse(f"mean top1>={mean - 1e-9}")).failed
+    assert dataclasses.replace(r, task_target=TaskTarget.parse(f"mean top1>={mean + 1e-6}")).failed
+    assert r.to_json()["task_target"]["text"] == "top1>=1"
+
+    wb = [sys.executable, "-m", "workbench"]
+    args = [*wb, "compare", str(model), "--cand", "ort", "--cand-model", str(qdq), "--inputs", str(data),
+            "--metric", "top1", "--no-layers"]
+    p = subprocess.run(args, capture_output=True, text=True)
+    assert p.returncode == 0 and "ok: every output" in p.stdout, p.stdout + p.stderr  # the silent miss
+    bundle = tmp_path / "b"
+    p = subprocess.run([*args, "--target", "top1>=1", "--bundle", str(bundle)], capture_output=True, text=True)
+    assert p.returncode == 1 and "FAILED: task target" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run([*args, "--target", "mean top1 >= 0.5"], capture_output=True, text=True)
+    assert p.returncode == 0 and "ok: task target: the mean of top1" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run([*wb, "rerun", str(bundle)], capture_output=True, text=True)
+    assert p.returncode == 1 and "REPRODUCED" in p.stdout and "now: FAILED" in p.stdout, p.stdout + p.stderr
+    for extra, said in ((["--target", "ctc>=1"], "which no task metric reports"),
+                        (["--target", "top1>=x"], "is not a number"),
+                        (["--target", "top1 about 1"], "cannot read task target")):
+        p = subprocess.run([*args, *extra], capture_output=True, text=True)
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = subprocess.run([*wb, "compare", str(model), "--inputs", str(data), "--target", "top1>=1"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "needs a task metric" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_rerun_and_diff_pair_samples_by_file_name_when_one_is_removed(tmp_path):
     """One file of five removed: rerun names it missing and finds the other four identical, diff lists it as only
     in the first run (both paired samples by position: every later sample was compared with its neighbour's record,
@@ -348,7 +416,8 @@ def test_rec_fp16_task_metric_is_the_independent_decode(fetch_model, rec_images,
 
     model = fetch_model("ppocr-rec")
     fp16 = make_fp16(model, "occ", tmp_path / "rec16.onnx")
-    r = compare_dataset(model, "ort", "ort", rec_images, preprocess=PREP, metrics=["ctc"], cand_model=fp16)
+    r = compare_dataset(model, "ort", "ort", rec_images, preprocess=PREP, metrics=["ctc"], cand_model=fp16,
+                        task_target="ctc>=1")
     doc = r.to_json()
     paths = sorted(rec_images.glob("*.png"))
     feeds = [{"x": rec_image(str(p))} for p in paths]
@@ -356,6 +425,9 @@ def test_rec_fp16_task_metric_is_the_independent_decode(fetch_model, rec_images,
     cand = run_model(fp16, feeds)
     want = [float(ctc_indices(a[0]) == ctc_indices(b[0])) for a, b in zip(ref, cand)]
     assert [s["task"]["ctc"] for s in doc["samples"]] == want
+    # judged by the task, the run fails on exactly the crops whose text changed, whatever the outputs' criterion says
+    assert doc["verdict"]["task_failing_samples"] == [i for i, w in enumerate(want) if w < 1]
+    assert r.failed == (min(want) < 1)
     assert [s["source"] for s in doc["samples"]] == [p.name for p in paths]
     # per-layer statistics across the 64 samples, and each worst sample names where it first diverged
     assert len(doc["layers"]) > 100 and all(row["worst"] is not None for row in doc["layers"])

@@ -225,6 +225,8 @@ def test_a_failing_run_shows_the_workbench_error(tmp_path):
     ("custom", "bogus", "unknown metric"),
     ("custom", "nosuchmodule_zz:fn", "cannot import metric"),
     ("criterion", "sqnr_db>30", "sqnr_db"),
+    ("task_target", "top1>=x", "is not a number"),
+    ("task_target", "top1>=1", "needs a task metric"),
 ])
 def test_bad_options_are_said_before_running(data, field, value, said):
     panel = DatasetPanel(CLAMP)
@@ -232,6 +234,23 @@ def test_bad_options_are_said_before_running(data, field, value, said):
     getattr(panel, field).value = value
     assert panel.run() is None and not panel.jobs.running
     assert said in panel.jobs.status.value and "wb-error" in panel.jobs.status.value
+
+
+def test_a_task_target_leads_the_verdict(data):
+    """The outputs diverge on this model (the ``ran`` panel says DIVERGED); with a task target the headline is the
+    target's, and the outputs' divergence stays in the reason (a warning where the target holds)."""
+    panel = DatasetPanel(CLAMP, candidate="ref:fp16")
+    panel.folder.value = str(data)
+    panel.metrics.value = ("top1",)
+    panel.task_target.value = "top1>=1"
+    assert panel.run() is not None
+    assert panel.wait(180) and panel.jobs.error is None, panel.jobs.status.value
+    result = panel.result
+    failing = [s["index"] for s in result.samples if s["task"]["top1"] < 1]
+    v = result.verdict()
+    assert result.diverged and v["task_failing_samples"] == failing
+    assert html.escape(f"{'FAILED' if failing else 'ok'}: task target: ") in panel.summary.value
+    assert ("wb-error" if failing else "wb-warn") in panel.summary.value
 
 
 def test_object_source_needs_set_dataset():
@@ -257,8 +276,10 @@ def test_choices_become_compare_dataset_arguments(data):
     panel.executor.value = "serial"
     panel.custom.value = ""
     panel.folder.value, panel.criterion.value, panel.worst_count.value = str(data), "sqnr_db<40", 3
+    panel.task_target.value = " mean top1>=0.9 "
     options = panel.run_options()
     assert options["inputs"] == str(data) and options["criterion"] == "sqnr_db<40" and options["worst"] == 3
+    assert options["task_target"] == "mean top1>=0.9"
     assert [m.spec for m in options["metrics"]] == ["top1", "topk:7", "ctc", "mask_iou:0.5"]
 
 

@@ -139,6 +139,7 @@ def test_calibration_dataset_and_repair_runs_are_reopened(runs, tmp_path):
         np.savez(folder / f"s{i}.npz", image=rng.standard_normal((1, 4, 16, 16)).astype(np.float32))
     data = wb.dataset_panel
     data.folder.value = str(folder)
+    data.metrics.value, data.task_target.value = ("top1",), "mean top1>=0.5"  # the target is saved and reopened
     data.run()
     assert data.wait(180) and data.jobs.error is None, data.jobs.status.value
     repair = wb.repair_panel
@@ -161,6 +162,8 @@ def test_calibration_dataset_and_repair_runs_are_reopened(runs, tmp_path):
     assert fresh.state.current_run("calibration").tag in fresh.calibration_panel.summary.value
     assert fresh.calibration_panel.sensitivity.outputs and "<table" in fresh.calibration_panel.represent.value
     assert fresh.dataset_panel.result.to_json() == originals["dataset"].to_json()
+    assert fresh.dataset_panel.result.verdict() == originals["dataset"].verdict()
+    assert originals["dataset"].to_json()["task_target"]["text"] == "mean top1>=0.5"
     assert fresh.state.current_run("dataset").tag in fresh.dataset_panel.summary.value
     assert fresh.repair_panel.result.to_json() == originals["repair"].to_json() | {
         "bundle": fresh.repair_panel.result.bundle}

@@ -183,7 +183,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _dataset_mode(args: argparse.Namespace) -> bool:
     """Per-sample results over a dataset: asked for by any of the dataset options."""
-    return bool(args.metric or args.preprocess or args.workers or args.executor or args.per_sample)
+    return bool(args.metric or args.preprocess or args.workers or args.executor or args.per_sample or args.target)
 
 
 def _compare_dataset(args: argparse.Namespace) -> int:
@@ -191,7 +191,8 @@ def _compare_dataset(args: argparse.Namespace) -> int:
     from .inputs import parse_shape_overrides
 
     if not args.inputs:
-        raise InputError("per-sample options (--metric, --preprocess, --workers, --executor, --per-sample) need a "
+        raise InputError("per-sample options (--metric, --target, --preprocess, --workers, --executor, --per-sample) "
+                         "need a "
                          "dataset", "pass --inputs DIR (a folder of .npz, or of images with --preprocess)")
     ignored = [flag for flag, on in (("--mode", args.mode != "auto"), ("--no-culprits", args.no_culprits),
                                      ("--val-range", args.val_range), ("--feeds", args.feeds != 1),
@@ -204,7 +205,8 @@ def _compare_dataset(args: argparse.Namespace) -> int:
         args.model, args.ref, args.cand, args.inputs, preprocess=args.preprocess, metrics=args.metric or (),
         workers=args.workers or 1, executor=args.executor, cand_model=args.cand_model,
         calibration=_feeds_arg(args.calib) if args.calib is not None else None,
-        worst=args.worst, layers=not args.no_layers, criterion=args.criterion, memory_budget=args.memory_budget,
+        worst=args.worst, layers=not args.no_layers, task_target=args.target, criterion=args.criterion,
+        memory_budget=args.memory_budget,
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         keep_fp32=args.keep_fp32 or None, isolate={"auto": None, "yes": True, "no": False}[args.isolate],
         timeout_s=args.timeout, progress=_progress_logger() if args.verbose else None)
@@ -630,6 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("dataset (per-sample results; any of these turns them on)")
     g.add_argument("--metric", nargs="+", metavar="NAME", help="task metrics per sample: top1, topk[:K], ctc, "
                    "mask_iou[:T], or module:function / file.py:function returning {name: number}")
+    g.add_argument("--target", metavar="TEXT", help="judge the run by a task metric instead of the outputs' "
+                   "criterion: NAME OP NUMBER on every sample (e.g. ctc>=1, mask_iou>=0.99) or 'mean NAME OP NUMBER' "
+                   "on the mean; exit 1 only when it is missed (needs --metric)")
     g.add_argument("--preprocess", metavar="MODULE:FUNCTION", help="turns each file of an image folder (its path) "
                    "into the model's input array or a feed dict")
     g.add_argument("--workers", type=_whole(1, 1024), metavar="N", help="N local worker processes (default: serial)")

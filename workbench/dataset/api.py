@@ -29,6 +29,7 @@ from .executors import ExecutorSpec, run_samples, worker_threads
 from .metrics import TaskMetric, parse_metric
 from .result import DatasetResult, LayerInfo, LayerStats, task_summary
 from .source import Dataset, Prefetch, Sample, checked, open_dataset
+from .task_target import TaskTarget
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def compare_dataset(
     calibration_count: int = 16,
     worst: int = 5,
     layers: bool = True,
+    task_target: str | TaskTarget | None = None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     **options: Any,
@@ -63,7 +65,9 @@ def compare_dataset(
     callable ``fn(ref_outputs, cand_outputs) -> {name: number}``). ``workers``/``executor``: serial (default),
     ``workers=N`` local processes, ``executor="ray"`` (local Ray) or ``"ray://HOST:PORT"``; every executor gives
     the same per-sample results in the same order. ``layers``: also compare every paired layer per sample (per-layer
-    statistics, first divergence); False compares the graph outputs only. ``options``: comparison options
+    statistics, first divergence); False compares the graph outputs only. ``task_target``: judge the run by a task
+    metric (``"ctc>=1"``: every sample; ``"mean top1>=0.95"``: the mean; see :mod:`.task_target`) instead of the
+    outputs' criterion. ``options``: comparison options
     (``criterion``, ``memory_budget``, ``keep_fp32``, ``engine_options``, ...).
     """
     t0 = time.perf_counter()
@@ -72,6 +76,11 @@ def compare_dataset(
     listed = metrics if isinstance(metrics, (list, tuple)) else [metrics]
     task_metrics = [_metric(m) for m in (dict.fromkeys(listed) if all(isinstance(m, str) for m in listed)
                                          else listed)]  # the same name twice counts once
+    target = task_target if isinstance(task_target, TaskTarget) or task_target is None \
+        else TaskTarget.parse(task_target)
+    if target is not None and not task_metrics:
+        raise InputError("a task target needs a task metric", "pass --metric (e.g. ctc, top1, mask_iou) with "
+                         "--target, or drop --target to judge the outputs")
     if isinstance(worst, bool) or not isinstance(worst, int) or worst < 0:
         raise InputError(f"worst must be a whole number >= 0, not {worst!r}")
     if isinstance(calibration_count, bool) or not isinstance(calibration_count, int) or calibration_count < 1:
@@ -100,17 +109,18 @@ def compare_dataset(
             overrides["calibration_feeds"] = calibration
         notes: list[str] = [spec.note] if spec.note else []
         return _compare(loaded, reference, candidate, head, stream, dataset, cand_model, calibration, overrides,
-                        spec, task_metrics, notes, steps, layers, worst, t0, run_options={
+                        spec, task_metrics, target, notes, steps, layers, worst, t0, run_options={
                             "dataset": dataset, "inputs": inputs, "preprocess": preprocess, "model": model,
                             "metrics": [m.spec for m in task_metrics], "cand_model": cand_model, "layers": layers,
                             "worst": worst, "calibration_count": calibration_count,
-                            "explicit_calibration": calibration is not None})
+                            "explicit_calibration": calibration is not None,
+                            "task_target": None if target is None else target.text()})
     finally:
         reader.close()
 
 
 def _compare(loaded, reference, candidate, head, stream, dataset, cand_model, calibration, overrides, spec,
-             task_metrics, notes, steps, layers, worst, t0, run_options) -> DatasetResult:
+             task_metrics, target, notes, steps, layers, worst, t0, run_options) -> DatasetResult:
     plan = ComparisonPlan(loaded, reference, candidate, feeds=[head[0].feed], cand_model=cand_model, **overrides)
     try:
         if plan.cand_spec.variant == "int8" and calibration is None and cand_model is None:
@@ -134,7 +144,7 @@ def _compare(loaded, reference, candidate, head, stream, dataset, cand_model, ca
                 ev = None
             try:
                 result = _collect(plan, job, layer_infos, dataset, head, stream, loaded, spec, steps, local,
-                                  task_metrics, notes, worst)
+                                  task_metrics, target, notes, worst)
             finally:
                 if ev is not None:
                     ev.close()
@@ -276,7 +286,8 @@ def _chunks(samples: Iterator[Sample], keep: dict[int, Sample]) -> Iterator[list
 
 
 def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec, steps: Steps, local,
-             task_metrics: list[TaskMetric], notes: list[str], worst: int) -> DatasetResult:
+             task_metrics: list[TaskMetric], target: TaskTarget | None, notes: list[str],
+             worst: int) -> DatasetResult:
 
     crit = plan.criterion
     stats = LayerStats(infos, crit.metric)
@@ -311,6 +322,8 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
                     raise InputError(f"metrics {by[k]!r} and {m.spec!r} both report {k!r}",
                                      "drop one of them, or rename what the custom metric returns")
                 task[k], by[k] = v, m.spec
+        if target is not None and not samples:
+            target = target.resolved(list(task))  # the first sample's results name it, or show it is not there
         for k, v in task.items():
             task_values.setdefault(k, []).append(v)
             task_indices.setdefault(k, []).append(rec.index)
@@ -330,7 +343,7 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
         executor=spec.describe(), model={"name": plan.original.name, "sha256": plan.original.fingerprint,
                                          "nodes": len(plan.original.proto.graph.node)},
         engines=plan.describe_engines(), variant=plan.variant_info, precision=plan.precision_json(),
-        metrics=[m.spec for m in task_metrics], notes=notes)
+        metrics=[m.spec for m in task_metrics], notes=notes, task_target=target)
     return result
 
 

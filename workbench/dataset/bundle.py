@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..report.bundle import RESULTS, Bundle, BundleWriter, portable_result
 from ..report.env import diff_versions, package_versions
 from ..report.safety import BundleError, check_seal, confined, load_npz, read_json
@@ -19,6 +20,7 @@ from ..textfmt import safe_name
 from .diff import changed_samples
 from .metrics import BUILTIN
 from .result import DatasetResult
+from .task_target import TaskTarget
 
 KIND = "dataset"
 
@@ -47,6 +49,7 @@ def save_dataset_bundle(result: DatasetResult, dest: str | os.PathLike, *, inclu
             "options": {k: v for k, v in opts.to_json().items() if k not in ("criterion",)},
             "metrics": list(ro["metrics"]), "layers": bool(ro["layers"]), "worst": int(ro["worst"]),
             "calibration_count": int(ro["calibration_count"]), "executor": result.executor,
+            "task_target": None if result.task_target is None else result.task_target.text(),
         }
         d = result.dataset
         m["dataset"] = {"kind": d.get("kind"), "folder": d.get("folder"), "preprocess": d.get("preprocess"),
@@ -106,12 +109,14 @@ class DatasetRerun:
 
     @property
     def exit_code(self) -> int:
-        """0: reproduced and no sample diverges; 1 otherwise."""
-        return 0 if self.reproduced and not self.result.diverged else 1
+        """0: reproduced and the run passes (no sample diverges; with a task target: the target holds); 1
+        otherwise."""
+        return 0 if self.reproduced and not self.result.failed else 1
 
     def to_json(self) -> dict:
         return {"schema": "workbench.rerun/1", "kind": KIND, "bundle": self.bundle, "reproduced": self.reproduced,
-                "exit_code": self.exit_code, "diverged": self.result.diverged, "changed_samples": self.changed,
+                "exit_code": self.exit_code, "diverged": self.result.diverged, "failed": self.result.failed,
+                "changed_samples": self.changed,
                 "data_changed": self.data_changed, "versions_changed": self.versions_changed,
                 "notes": self.notes, "result": self.result.to_json()}
 
@@ -120,6 +125,8 @@ class DatasetRerun:
         lines = [f"rerun of {safe_name(self.bundle)} (dataset, {n} samples): "
                  + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
                  + f" -- {n - len(self.changed)} of {n} samples identical"]
+        v = self.result.verdict()
+        lines.append(f"  now: {v['headline']}: {safe_name(v['reason'])}")
         if self.data_changed:
             lines.append(f"  the data differ from the bundle's on {len(self.data_changed)} sample(s): "
                          + ", ".join(f"#{c['index']} {safe_name(c['source'])} ({c['why']})"
@@ -168,6 +175,8 @@ def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None,
         reference, candidate = _text(opts["reference"], "reference"), _text(opts["candidate"], "candidate")
         settings = {"calibration_count": _whole(opts.get("calibration_count", 16), "calibration_count", 1),
                     "worst": _whole(opts.get("worst", 5), "worst", 0), "layers": _flag(opts.get("layers", True))}
+        if opts.get("task_target") is not None:
+            settings["task_target"] = TaskTarget.parse(_text(opts["task_target"], "task_target"))
         recorded = {}
         for j, s in enumerate(_list(data.get("samples"), "samples")):
             if not isinstance(s, dict) or not isinstance(s.get("sha256"), str):
@@ -175,6 +184,8 @@ def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None,
             recorded[_whole(s.get("index"), f"samples[{j}].index", 0)] = s
     except (KeyError, TypeError, ValueError) as e:
         raise BundleError(f"{name}: manifest.json is malformed ({type(e).__name__}: {e})") from None
+    except InputError as e:  # a task target that does not parse
+        raise BundleError(f"{name}: manifest.json is malformed ({e.message})") from None
     custom = [x for x in recorded_metrics if x.partition(":")[0] not in BUILTIN]
     if metrics is None:
         if custom:

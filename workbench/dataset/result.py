@@ -16,6 +16,7 @@ from ..core.floats import encode_float, encode_metrics
 from ..core.metric_info import HIGHER_IS_BETTER
 from ..errors import WorkbenchError
 from ..textfmt import safe_name
+from .task_target import TaskTarget
 
 SCHEMA = "workbench.compare/1"
 KIND = "dataset"
@@ -51,6 +52,8 @@ class DatasetResult:
     metrics: list[str] = field(default_factory=list)
     timing: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: judge the run by a task metric instead of the outputs' criterion (see :mod:`.task_target`)
+    task_target: TaskTarget | None = None
     #: not serialised: what a bundle needs to rerun (dataset source, options)
     run_options: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -66,6 +69,9 @@ class DatasetResult:
 
     @property
     def failed(self) -> bool:
+        """The run's judgement: the task target missed when there is one, else any sample diverged."""
+        if self.task_target is not None:
+            return not self.task_target.judge(self.samples)["met"]
         return self.diverged
 
     def worst(self) -> list[dict]:
@@ -84,17 +90,33 @@ class DatasetResult:
         return sorted(self.samples, key=key)[: self.worst_count]
 
     def verdict(self) -> dict:
+        """``diverged`` (the outputs), ``failed`` (the judgement: the task target when there is one), the counts,
+        ``headline`` (DIVERGED / FAILED / ok) and ``reason``."""
         n, bad = len(self.samples), len(self.diverged_samples)
-        reason = (f"{bad} of {n} sample(s) have outputs failing {self.criterion.describe()}" if bad
-                  else f"every output of all {n} sample(s) passes {self.criterion.describe()}")
-        return {"diverged": self.diverged, "failed": self.failed, "diverged_samples": bad, "samples": n,
-                "reason": reason}
+        outputs = (f"{bad} of {n} sample(s) have outputs failing {self.criterion.describe()}" if bad
+                   else f"every output of all {n} sample(s) passes {self.criterion.describe()}")
+        doc = {"diverged": self.diverged, "failed": self.failed, "diverged_samples": bad, "samples": n}
+        t = self.task_target
+        if t is None:
+            return doc | {"headline": "DIVERGED" if bad else "ok", "reason": outputs}
+        judged = t.judge(self.samples)
+        k = len(judged["failing"])
+        what = f"{safe_name(t.name)} {t.op} {t.threshold:g}"
+        if t.aggregate == "mean":
+            held = (f"the mean of {safe_name(t.name)} is {judged['value']:.4g}, {t.op} {t.threshold:g} "
+                    f"{'holds' if judged['met'] else 'is missed'} ({k} of {n} sample(s) under it)")
+        else:
+            held = f"{k} of {n} sample(s) miss {what}" if k else f"{what} holds on all {n} sample(s)"
+        tail = "; their drift does not break the task" if bad and judged["met"] else ""
+        return doc | {"headline": "FAILED" if self.failed else "ok", "task_target": t.to_json(),
+                      "task_failing_samples": judged["failing"], "reason": f"task target: {held}; {outputs}{tail}"}
 
     # --- JSON -----------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
         return {
             "schema": SCHEMA, "kind": KIND, "reference": self.reference, "candidate": self.candidate,
             "criterion": self.criterion.to_json(), "diverged": self.diverged, "verdict": self.verdict(),
+            "task_target": None if self.task_target is None else self.task_target.to_json(),
             "outputs": self.outputs, "metrics": self.metrics,
             "samples": [_sample_json(s) for s in self.samples],
             "worst": [_sample_json(s, full=True) for s in self.worst()],
@@ -139,7 +161,7 @@ class DatasetResult:
         lines = [f"{safe_name(self.reference)} vs {safe_name(self.candidate)} on {len(self.samples)} sample(s) "
                  f"({self.executor.get('kind', 'serial')}"
                  + (f", {self.executor.get('workers')} workers" if self.executor.get("workers", 1) > 1 else "") + ")",
-                 ("DIVERGED: " if v["diverged"] else "ok: ") + v["reason"]]
+                 f"{v['headline']}: {v['reason']}"]
         for name, agg in self.task.items():
             lines.append(f"  {safe_name(name)}: mean {agg['mean']:.4g}, worst {agg['worst']:.4g} "
                          f"(sample {agg['worst_index']})")

@@ -27,7 +27,7 @@ def render_dataset_report(result: Any, *, title: str | None = None) -> str:
     title = title or f"{result.model.get('name', 'model')}: {result.reference} vs {result.candidate} on " \
                      f"{len(result.samples)} samples"
     parts = [f"<h1>{_e(title)}</h1>",
-             _kv([("verdict", f"<b>{'DIVERGED' if v['diverged'] else 'ok'}</b>: {_e(v['reason'])}"),
+             _kv([("verdict", f"<b>{_e(v['headline'])}</b>: {_e(v['reason'])}"),
                   ("dataset", _e(f"{result.dataset.get('kind')} {result.dataset.get('folder') or ''} "
                                  f"({len(result.samples)} samples)")),
                   ("executor", _e(f"{result.executor.get('kind')} x{result.executor.get('workers')}")),

@@ -77,6 +77,9 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         self.mask_threshold = widgets.FloatText(value=0.3, description="mask T", layout=widgets.Layout(width="170px"))
         self.custom = widgets.Text(placeholder="mypkg.metrics:cer  topk:3 ... (space-separated, optional)",
                                    description="more", layout=widgets.Layout(width="560px"))
+        self.task_target = widgets.Text(placeholder="ctc>=1, mean top1>=0.95 ... (optional; empty: judge the outputs)",
+                                        description="task target", layout=widgets.Layout(width="560px"),
+                                        tooltip="judge the run by a task metric instead of the outputs' criterion")
         # criterion, worst count, executor
         self.criterion = widgets.Text(placeholder="sqnr_db<30 (empty: the default for the inferred precision)",
                                       description="criterion", layout=widgets.Layout(width="420px"))
@@ -135,7 +138,7 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             heading("Samples"), self.source, self._folder_box, self._object_box, self.preprocess,
             self.preprocess_note,
             heading("Task metrics"), widgets.HBox([self.metrics, widgets.VBox([self.topk, self.mask_threshold])]),
-            self.custom, heading("Divergence criterion and execution"),
+            self.custom, self.task_target, heading("Divergence criterion and execution"),
             widgets.HBox([self.criterion, self.worst_count]), widgets.HBox([self.executor, self.workers]),
             self.ray_address, widgets.HBox([self.run_button]), self.jobs,
             heading("Results"), self.summary, self.results_box,
@@ -228,6 +231,7 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         from ..compare.criterion import Criterion
         from ..dataset.executors import ExecutorSpec
         from ..dataset.metrics import parse_metric
+        from ..dataset.task_target import TaskTarget
 
         problems = self.pair_problems(self.state.model)
         if problems:
@@ -246,6 +250,12 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             inputs = self._object
         preprocess = self._preprocess_fn or self.preprocess.value.strip() or None
         metrics = [parse_metric(m) for m in self.metric_specs()]  # a bad name or import is said before running
+        target = self.task_target.value.strip() or None
+        if target is not None:
+            TaskTarget.parse(target)
+            if not metrics:
+                raise InputError("a task target needs a task metric", "pick a metric (e.g. ctc, top1), or clear the "
+                                 "task target to judge the outputs")
         executor, workers = self.executor_choice()
         ExecutorSpec.parse(executor, workers)
         criterion = self.criterion.value.strip() or None
@@ -253,7 +263,7 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             Criterion.parse(criterion)
         return {"inputs": inputs, "preprocess": preprocess, "metrics": metrics, "executor": executor,
                 "workers": workers, "worst": int(self.worst_count.value), "criterion": criterion,
-                "cand_model": cand_model}
+                "cand_model": cand_model, "task_target": target}
 
     def describe(self) -> str:
         if self.source.value == FOLDER:
@@ -502,7 +512,8 @@ def _dataset_text(result: Any) -> str:
 
 
 def verdict_html(result: Any) -> str:
-    """The verdict line (ok / DIVERGED: how many samples fail), what ran where, and the run's notes."""
+    """The verdict line (ok / DIVERGED: how many samples' outputs fail / FAILED: the task target is missed), what
+    ran where, and the run's notes."""
     v = result.verdict()
     ex = result.executor or {}
     workers = f", {ex.get('workers')} workers" if ex.get("kind", "serial") != "serial" else ""
@@ -513,8 +524,8 @@ def verdict_html(result: Any) -> str:
              f"{html.escape(workers + address)}, criterion: {html.escape(result.criterion.describe())}, "
              f"{html.escape(fmt(timing.get('total_s')))} s ({html.escape(fmt(timing.get('samples_per_s')))} "
              "samples/s)",
-             message_html(("DIVERGED: " if v["diverged"] else "ok: ") + v["reason"],
-                          "error" if v["diverged"] else "ok")]
+             message_html(f"{v['headline']}: {v['reason']}", "error" if v["failed"] else
+                          "warn" if v["diverged"] else "ok")]
     lines += [message_html(n, "info") for n in result.notes]
     return "".join(lines)
 

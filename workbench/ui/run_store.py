@@ -112,7 +112,9 @@ class SavedRun:
 def summary_of(kind: str, value: Any) -> str:
     """A few words on a result: its verdict."""
     try:
-        if kind in ("comparison", "dataset"):
+        if kind == "dataset":
+            return value.verdict()["headline"]
+        if kind == "comparison":
             return "DIVERGED" if value.diverged else "ok"
         if kind == "repair":
             return "target met" if value.met else "target not reached"
@@ -282,6 +284,7 @@ def dataset_from_json(doc: dict) -> Any:
     from ..compare.criterion import Criterion
     from ..core.floats import decode_float, decode_metrics
     from ..dataset.result import DatasetResult
+    from ..dataset.task_target import TaskTarget
 
     worst = {s["index"]: s.get("worst_layers", []) for s in doc.get("worst") or []}
     # the samples' badness (how far past the criterion) is not written: the worst samples' order stands for it
@@ -301,7 +304,8 @@ def dataset_from_json(doc: dict) -> Any:
         lower_is_better=lower, dataset=doc.get("dataset") or {},
         executor=doc.get("executor") or {}, model=doc.get("model") or {}, engines=doc.get("engines") or {},
         variant=doc.get("variant") or {}, precision=doc.get("precision") or {}, metrics=metrics,
-        timing=doc.get("timing") or {}, notes=list(doc.get("notes") or []))
+        timing=doc.get("timing") or {}, notes=list(doc.get("notes") or []),
+        task_target=TaskTarget.from_json(doc["task_target"]) if doc.get("task_target") else None)
 
 
 def repair_from_json(doc: dict) -> Any:
