@@ -275,11 +275,18 @@ def test_a_task_target_judges_the_run_by_the_task(tmp_path):
     assert dataclasses.replace(r, task_target=TaskTarget.parse(f"mean top1>={mean + 1e-6}")).failed
     assert r.to_json()["task_target"]["text"] == "top1>=1"
 
+    # the other way round: a strict criterion fails FP16's outputs while every argmax holds
+    strict = compare_dataset(model, "ort", "ref:fp16", data, metrics=["top1"], criterion="sqnr_db<200", layers=False)
+    assert strict.diverged and all(s["task"]["top1"] == 1 for s in strict.samples)
+    assert any("judged by the task the run passes: all 6 sample(s) keep top1 = 1" in n for n in strict.notes)
+
     wb = [sys.executable, "-m", "workbench"]
     args = [*wb, "compare", str(model), "--cand", "ort", "--cand-model", str(qdq), "--inputs", str(data),
             "--metric", "top1", "--no-layers"]
     p = subprocess.run(args, capture_output=True, text=True)
-    assert p.returncode == 0 and "ok: every output" in p.stdout, p.stdout + p.stderr  # the silent miss
+    assert p.returncode == 0 and "ok: every output" in p.stdout, p.stdout + p.stderr  # outputs pass...
+    assert (f"judged by the task the run fails: {len(flipped)} of 6 sample(s) have top1 < 1" in p.stdout
+            and "--target 'top1>=1' makes the task the verdict" in p.stdout)  # ...and a note says the task does not
     bundle = tmp_path / "b"
     p = subprocess.run([*args, "--target", "top1>=1", "--bundle", str(bundle)], capture_output=True, text=True)
     assert p.returncode == 1 and "FAILED: task target" in p.stdout, p.stdout + p.stderr

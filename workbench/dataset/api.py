@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -344,7 +345,32 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
                                          "nodes": len(plan.original.proto.graph.node)},
         engines=plan.describe_engines(), variant=plan.variant_info, precision=plan.precision_json(),
         metrics=[m.spec for m in task_metrics], notes=notes, task_target=target)
+    if target is None:
+        note = _task_disagrees(result, task_metrics)
+        if note:
+            notes.append(note)
     return result
+
+
+def _task_disagrees(result: DatasetResult, task_metrics: list[TaskMetric]) -> str | None:
+    """Where no task target was given and the first built-in agreement metric (1: the reference's answer) and the
+    outputs' verdict disagree, a note saying so and the --target that judges by the task."""
+    builtin = next((m for m in task_metrics if m.builtin), None)
+    if builtin is None or not result.samples:
+        return None
+    name = next((k for k in result.samples[0]["task"] if k not in builtin.lower_is_better), None)
+    if name is None:
+        return None
+    changed = [s["index"] for s in result.samples if not s["task"].get(name, math.nan) >= 1]
+    n = len(result.samples)
+    if result.diverged and not changed:
+        return (f"judged by the task the run passes: all {n} sample(s) keep {name} = 1 (the reference's answer) "
+                f"while {len(result.diverged_samples)} sample(s)' outputs fail the criterion; --target '{name}>=1' "
+                "makes the task the verdict")
+    if not result.diverged and changed:
+        return (f"judged by the task the run fails: {len(changed)} of {n} sample(s) have {name} < 1 (the answer "
+                f"changed) while every output passes the criterion; --target '{name}>=1' makes the task the verdict")
+    return None
 
 
 def _layer(info: LayerInfo, value: float) -> dict:
