@@ -23,7 +23,7 @@ from .engine_pair import EnginePair, PairedPanel
 from .fallbacks import fallback_notes
 from .inputs_box import InputsBox
 from .jobs import JobControls
-from .messages import error_html, error_text, fallback_repr, message_html
+from .messages import error_html, error_text, fallback_repr, message_html, options_refused
 from .state import WorkbenchState
 from .style import heading, style_tag
 from .tables import table_html
@@ -350,10 +350,7 @@ class ComparePanel(PairedPanel, widgets.VBox):
             criterion = self.criterion()
             cand_file = self.candidate_file()
         except Exception as e:  # noqa: BLE001 - bad options are shown, not raised
-            self.jobs.status.value = error_html(e, "the comparison")
-            if "no current result" in self.summary.value:  # the line about the last attempt would answer this one
-                self.summary.value = message_html("nothing ran: the options above could not be used (the reason is "
-                                                  "above); no current result", "warn")
+            options_refused(self.jobs.status, self.summary, e, "the comparison")
             return None
         reference, candidate, mode = self.reference, self.candidate, self.mode.value
         named = f"{Path(cand_file).name} on {candidate}" if cand_file else candidate  # the user's file by its name

@@ -27,7 +27,7 @@ from ..errors import InputError
 from .engine_pair import EnginePair, PairedPanel
 from .figures import clear, figure_widget, show_figure
 from .jobs import JobControls
-from .messages import error_html, error_text, fallback_repr, message_html
+from .messages import error_text, fallback_repr, message_html, options_refused
 from .state import WorkbenchState
 from .style import heading, style_tag
 from .tables import fmt, table_html
@@ -283,10 +283,7 @@ class DatasetPanel(PairedPanel, widgets.VBox):
             model = self.state.require_model()
             options = self.run_options()
         except Exception as e:  # noqa: BLE001 - bad options are shown, not raised
-            self.jobs.status.value = error_html(e, "the dataset comparison")
-            if "no current result" in self.summary.value:  # the line about the last attempt would answer this one
-                self.summary.value = message_html("nothing ran: the options above could not be used (the reason is "
-                                                  "above); no current result", "warn")
+            options_refused(self.jobs.status, self.summary, e, "the dataset comparison")
             return None
         reference, candidate = self.reference, self.candidate
         named = f"{Path(options['cand_model']).name} on {candidate}" if options.get("cand_model") else candidate

@@ -45,3 +45,12 @@ def fallback_repr(panel) -> str:
     model = getattr(getattr(panel, "state", None), "model", None)
     name = model.name if model is not None else "no model"
     return f"{type(panel).__name__}({name}): run this cell to use it (widgets need a live kernel)"
+
+
+def options_refused(status, summary, exc: BaseException, what: str) -> None:
+    """Bad options, said in ``status`` before anything runs; a summary that says there is no current result
+    (about the last attempt) is replaced by one about this one."""
+    status.value = error_html(exc, what)
+    if "no current result" in summary.value:
+        summary.value = message_html("nothing ran: the options above could not be used (the reason is above); no "
+                                     "current result", "warn")
