@@ -183,6 +183,14 @@ def test_missing_dataset_and_empty_folder(tmp_path):
         compare_dataset(model, "ort", "ref:fp16", None)
 
 
+def test_a_small_dataset_is_spread_over_every_worker():
+    """4 samples on 2 workers went as one task of 4 to one worker; a known size now cuts the tasks to fill them."""
+    from workbench.dataset.api import CHUNK, chunk_size
+
+    assert chunk_size(4, 2) == 2 and chunk_size(3, 2) == 2 and chunk_size(1, 2) == 1
+    assert chunk_size(100, 2) == CHUNK and chunk_size(None, 2) == CHUNK and chunk_size(4, 1) == CHUNK
+
+
 def test_a_dying_worker_is_reported_and_its_chunk_retried(tmp_path, monkeypatch):
     model = _softmax_model(tmp_path / "m.onnx")
     data = _npz_folder(tmp_path / "d", 10)

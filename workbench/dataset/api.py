@@ -274,12 +274,20 @@ def _with_files(job: Job, plan: ComparisonPlan, folder: str) -> Job:
     return replace(job, ref_model=refs["ref"], cand_model=refs["cand"])
 
 
-def _chunks(samples: Iterator[Sample], keep: dict[int, Sample]) -> Iterator[list]:
+def chunk_size(total: int | None, workers: int) -> int:
+    """Samples per task: ``CHUNK``, fewer where a known-size dataset would otherwise leave workers idle (4 samples
+    on 2 workers: 2 each, not one chunk of 4 on one worker)."""
+    if not total or workers <= 1:
+        return CHUNK
+    return max(1, min(CHUNK, -(-total // workers)))
+
+
+def _chunks(samples: Iterator[Sample], keep: dict[int, Sample], size: int = CHUNK) -> Iterator[list]:
     chunk: list = []
     for s in samples:
         keep[s.index] = Sample(s.index, s.source, {}, s.sha256)  # the driver keeps who it was, not its arrays
         chunk.append((s.index, s.feed))
-        if len(chunk) >= CHUNK:
+        if len(chunk) >= size:
             yield chunk
             chunk = []
     if chunk:
@@ -308,8 +316,8 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
                 s.feed = checked(loaded.proto, s)
             yield s
 
-    records = run_samples(job, _chunks(checked_stream(), who), spec, steps.span(0.02, 0.98), local=local,
-                          notes=notes)
+    records = run_samples(job, _chunks(checked_stream(), who, chunk_size(total, spec.workers)), spec,
+                          steps.span(0.02, 0.98), local=local, notes=notes)
     for rec in records:
         s = who.pop(rec.index)
         for arrays in (rec.ref, rec.cand):  # one metric cannot change what the next one reads
