@@ -116,8 +116,9 @@ print(cnn.first_divergent.node, "|", cnn.culprits[0].explanation)"""),
 One feed says little about your data. `compare_dataset` runs both engines on every sample of a dataset (here a
 temporary folder of 16 `.npz` files, one feed each), with a task metric per sample (`top1`: does FP16 pick the
 same class as FP32?), the worst samples and each layer's error across samples. The planted clamp breaks every
-sample at the same layer. The **Dataset** tab above holds the same folder and result: click a sample there to
-compare it layer by layer."""),
+sample at the same layer. `task_target="top1>=1"` judges the run by the task (every sample keeps FP32's class)
+instead of the outputs' tolerance; the reason still counts the samples whose outputs diverge. The **Dataset** tab
+above holds the same folder and result: click a sample there to compare it layer by layer."""),
     ("code", """import tempfile
 
 import numpy as np
@@ -129,7 +130,7 @@ from workbench.inputs import random_feeds
 data_dir = Path(tempfile.mkdtemp(prefix="workbench-dataset-"))
 for i, feed in enumerate(random_feeds(load_model(model_path), seed=1, count=16)):
     np.savez(data_dir / f"sample_{i:02d}.npz", **feed)
-drift = compare_dataset(model_path, "ort", "ort:fp16", data_dir, metrics=["top1"])
+drift = compare_dataset(model_path, "ort", "ort:fp16", data_dir, metrics=["top1"], task_target="top1>=1")
 wb.dataset_panel.set_dataset(data_dir)  # the Dataset tab: this folder and this result
 wb.dataset_panel.show_result(drift)
 print(drift.render())"""),
