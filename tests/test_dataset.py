@@ -282,6 +282,11 @@ def test_a_task_target_judges_the_run_by_the_task(tmp_path):
     assert not dataclasses.replace(r, task_target=TaskTarget.parse(f"mean top1>={mean - 1e-9}")).failed
     assert dataclasses.replace(r, task_target=TaskTarget.parse(f"mean top1>={mean + 1e-6}")).failed
     assert r.to_json()["task_target"]["text"] == "top1>=1"
+    from workbench.plots.dataset import sample_metric
+
+    fig = sample_metric(r)  # the points that miss the target say so, and the target is drawn
+    assert [i for i, t in enumerate(fig.data[0].text) if "(task target missed)" in t] == flipped
+    assert [shape.y0 for shape in fig.layout.shapes] == [1.0]
 
     # the other way round: a strict criterion fails FP16's outputs while every argmax holds
     strict = compare_dataset(model, "ort", "ref:fp16", data, metrics=["top1"], criterion="sqnr_db<200", layers=False)

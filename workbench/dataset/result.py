@@ -74,6 +74,12 @@ class DatasetResult:
             return not self.task_target.judge(self.samples)["met"]
         return self.diverged
 
+    def failing_indices(self) -> set[int]:
+        """The samples that fail the run's judgement: under the task target when there is one, else diverged."""
+        if self.task_target is not None:
+            return set(self.task_target.judge(self.samples)["failing"])
+        return {s["index"] for s in self.diverged_samples}
+
     def worst(self) -> list[dict]:
         """The ``worst_count`` worst samples: by the first task metric (worst value first; NaN, a metric that
         could not be measured, counts as worst), then by how far the worst output is past the criterion."""

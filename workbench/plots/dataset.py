@@ -88,12 +88,20 @@ def sample_metric(result: Any, name: str | None = None) -> go.Figure:
         y = [_worst_output(s, m) for s in samples]
         title = f"{escape(name)} per sample"
     worst = {s["index"] for s in result.worst()}
-    colors = ["#d62728" if s["index"] in worst else ("#ff7f0e" if s["diverged"] else "#1f77b4") for s in samples]
-    text = [f"#{s['index']} {escape(str(s['source']))}" + (" (diverged)" if s["diverged"] else "") for s in samples]
+    failing = result.failing_indices()
+    missed = " (task target missed)" if result.task_target is not None else " (diverged)"
+    colors = ["#d62728" if s["index"] in worst else ("#ff7f0e" if s["index"] in failing else "#1f77b4")
+              for s in samples]
+    text = [f"#{s['index']} {escape(str(s['source']))}" + (missed if s["index"] in failing else "")
+            + (" (outputs diverged)" if s["diverged"] and result.task_target is not None else "") for s in samples]
     fig = go.Figure(go.Scatter(x=[s["index"] for s in samples], y=[_shown(v) for v in y], mode="markers",
                                marker={"color": colors, "size": 7}, text=text,
                                customdata=[s["index"] for s in samples],
                                hovertemplate="%{text}<br>%{y:.4g}<extra></extra>"))
+    target = result.task_target
+    if target is not None and target.name == name:
+        fig.add_hline(y=target.threshold, line={"color": "#888", "dash": "dash"},
+                      annotation_text=escape(f"task target {target.text()}"), annotation_position="top left")
     fig.update_layout(title={"text": title}, xaxis_title="sample", yaxis_title=escape(name),
                       margin={"l": 60, "r": 20, "t": 50, "b": 50}, hovermode="closest")
     return _styled(fig)

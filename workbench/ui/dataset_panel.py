@@ -434,10 +434,11 @@ class DatasetPanel(PairedPanel, widgets.VBox):
         headers = ["sample", *names, *(f"{o} {m}" for o in result.outputs), "first divergence", "its worst layers"]
         cells: list[widgets.Widget] = [widgets.HTML(f"<b>{html.escape(h)}</b>") for h in headers]
         self.worst_buttons = []
+        failing = result.failing_indices()
         for s in worst:
             button = widgets.Button(description=f"#{s['index']} {s['source']}", icon="search",
                                     tooltip="compare this sample layer by layer (shown in Compare and Errors)",
-                                    button_style="danger" if s["diverged"] else "",
+                                    button_style="danger" if s["index"] in failing else "",
                                     layout=widgets.Layout(width="auto", max_width="360px"))
             button.on_click(lambda _b, index=s["index"]: self.open_sample(index))
             self.worst_buttons.append(button)
