@@ -301,8 +301,12 @@ def test_a_task_target_judges_the_run_by_the_task(tmp_path):
     assert (f"judged by the task the run fails: {len(flipped)} of 6 sample(s) have top1 < 1" in p.stdout
             and "--target 'top1>=1' makes the task the verdict" in p.stdout)  # ...and a note says the task does not
     bundle = tmp_path / "b"
-    p = subprocess.run([*args, "--target", "top1>=1", "--bundle", str(bundle)], capture_output=True, text=True)
+    report = tmp_path / "r.html"
+    p = subprocess.run([*args, "--target", "top1>=1", "--bundle", str(bundle), "--report", str(report)],
+                       capture_output=True, text=True)
     assert p.returncode == 1 and "FAILED: task target" in p.stdout, p.stdout + p.stderr
+    page = report.read_text()
+    assert "top1 &gt;= 1 on every sample" in page and page.count("misses the task target") == 1
     p = subprocess.run([*args, "--target", "mean top1 >= 0.5"], capture_output=True, text=True)
     assert p.returncode == 0 and "ok: task target: the mean of top1" in p.stdout, p.stdout + p.stderr
     p = subprocess.run([*wb, "rerun", str(bundle)], capture_output=True, text=True)

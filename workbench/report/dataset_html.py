@@ -31,7 +31,9 @@ def render_dataset_report(result: Any, *, title: str | None = None) -> str:
                   ("dataset", _e(f"{result.dataset.get('kind')} {result.dataset.get('folder') or ''} "
                                  f"({len(result.samples)} samples)")),
                   ("executor", _e(f"{result.executor.get('kind')} x{result.executor.get('workers')}")),
-                  ("metrics", _e(", ".join(result.metrics) or "none"))])]
+                  ("metrics", _e(", ".join(result.metrics) or "none")),
+                  ("task target", _e(result.task_target.describe() if result.task_target is not None
+                                     else "none (judged by the outputs' criterion)"))])]
     if result.notes:
         parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in result.notes) + "</ul>")
     if result.task:
@@ -49,11 +51,14 @@ def render_dataset_report(result: Any, *, title: str | None = None) -> str:
     if any(r["first_divergent_samples"] for r in result.layers):
         parts.append(_figure(first_divergence_bars(result)))
     shown = result.samples[:MAX_ROWS]
+    missed = result.failing_indices() if result.task_target is not None else None
     parts += [f"<h2>Samples ({len(shown)} of {len(result.samples)})</h2>",
-              _table(["sample", "source", *result.task.keys(), *(f"{o} {m}" for o in result.outputs), "diverged"],
+              _table(["sample", "source", *result.task.keys(), *(f"{o} {m}" for o in result.outputs), "diverged",
+                      *(["misses the task target"] if missed is not None else [])],
                      [[f"#{s['index']}", s["source"], *(_num(s["task"].get(k)) for k in result.task),
                        *(_num((s["outputs"].get(o) or {}).get(m), m) for o in result.outputs),
-                       "yes" if s["diverged"] else ""] for s in shown],
+                       "yes" if s["diverged"] else "", *([("yes" if s["index"] in missed else "")]
+                                                         if missed is not None else [])] for s in shown],
                      raw=set(range(2, 2 + len(result.task) + len(result.outputs))))]
     return page(title, parts, result.to_json())
 
