@@ -307,8 +307,11 @@ def test_a_task_target_judges_the_run_by_the_task(tmp_path):
     assert p.returncode == 1 and "FAILED: task target" in p.stdout, p.stdout + p.stderr
     page = report.read_text()
     assert "top1 &gt;= 1 on every sample" in page and page.count("misses the task target") == 1
-    p = subprocess.run([*args, "--target", "mean top1 >= 0.5"], capture_output=True, text=True)
+    p = subprocess.run([*args, "--target", "mean top1 >= 0.5", "--json", str(tmp_path / "mean.json")],
+                       capture_output=True, text=True)
     assert p.returncode == 0 and "ok: task target: the mean of top1" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run([*wb, "diff", str(bundle), str(tmp_path / "mean.json")], capture_output=True, text=True)
+    assert "task target top1>=1 -> mean top1>=0.5: FAILED -> ok" in p.stdout, p.stdout + p.stderr
     p = subprocess.run([*wb, "rerun", str(bundle)], capture_output=True, text=True)
     assert p.returncode == 1 and "REPRODUCED" in p.stdout and "now: FAILED" in p.stdout, p.stdout + p.stderr
     for extra, said in ((["--target", "ctc>=1"], "which no task metric reports"),

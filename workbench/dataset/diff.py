@@ -99,6 +99,10 @@ class DatasetDiff:
                 "verdict": {"before": self.before.get("diverged"), "after": self.after.get("diverged")},
                 "diverged_samples": {"before": (self.before.get("verdict") or {}).get("diverged_samples"),
                                      "after": (self.after.get("verdict") or {}).get("diverged_samples")},
+                "failed": {"before": (self.before.get("verdict") or {}).get("failed"),
+                           "after": (self.after.get("verdict") or {}).get("failed")},
+                "task_target": {"before": (self.before.get("task_target") or {}).get("text"),
+                                "after": (self.after.get("task_target") or {}).get("text")},
                 "task": task, "changed_samples": self.changed, "only_before": self.only_before,
                 "only_after": self.only_after}
 
@@ -108,6 +112,12 @@ class DatasetDiff:
         n = len(self.after.get("samples", []))
         lines = [f"{a} -> {b}: {len(self.changed)} of {n} sample(s) changed; diverged samples "
                  f"{doc['diverged_samples']['before']} -> {doc['diverged_samples']['after']}"]
+        targets = doc["task_target"]
+        if targets["before"] or targets["after"]:
+            said = {True: "FAILED", False: "ok", None: "?"}
+            lines.append(f"  task target {safe_name(targets['before'] or 'none')} -> "
+                         f"{safe_name(targets['after'] or 'none')}: {said[doc['failed']['before']]} -> "
+                         f"{said[doc['failed']['after']]}")
         for name, v in doc["task"].items():
             lines.append(f"  {safe_name(name)} mean: {_fmt(v['before'])} -> {_fmt(v['after'])}")
         for c in self.changed[:top]:
