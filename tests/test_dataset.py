@@ -252,6 +252,29 @@ def _ort_qdq(model: Path, data: Path, out: Path) -> Path:
     return out
 
 
+def test_a_task_target_reads_back_exactly_and_refuses_what_it_cannot_read():
+    from workbench.dataset.task_target import TaskTarget
+
+    for text in ("mean ctc>=0.5625001", "x<=123456789", "top1>=1", "mean>=0.95", "mAP@0.5>=0.2", "F1 score>=0.5",
+                 "ctc_cer<=0.05", "a.b-c==0"):
+        t = TaskTarget.parse(text)
+        assert TaskTarget.parse(t.text()) == t == TaskTarget.from_json(t.to_json()), text
+    assert TaskTarget.parse("mean ctc>=0.5625001").threshold == 0.5625001
+    assert TaskTarget.parse("mean>=1") == TaskTarget(None, ">=", 1.0, "mean")
+    assert TaskTarget.parse(" F1 score >= 0.5 ").name == "F1 score"
+    near = TaskTarget.parse("mean ctc>=0.5625001")
+    assert near.shown(0.5625) == "0.5625" and not near.holds(0.5625)  # the value is not printed as the threshold
+    for text, said in (("top1>=0_95", "not a number"), ("ctc>=\u0661", "not a number"), ("top1>=1e-400", "reads as 0"),
+                       ("top1!=1", "cannot read"), ("top1=>1", "cannot read"), ("top1>=nan", "not a number"),
+                       ("top1>=1e309", "finite"), ("a\nb>=1", "control character")):
+        with pytest.raises(InputError, match=said):
+            TaskTarget.parse(text)
+    for args, said in ((("top1", "!=", 1.0), "unknown comparison"), (("top1", ">=", float("nan")), "finite"),
+                       (("top1", ">=", 1.0, "median"), "not every or mean"), (("", ">=", 1.0), "non-empty")):
+        with pytest.raises(InputError, match=said):
+            TaskTarget(*args)
+
+
 def test_a_task_target_judges_the_run_by_the_task(tmp_path):
     """With --target the run fails exactly when the task does: here INT8 outputs pass the criterion while the
     argmax flips at some positions (the output verdict alone says ok and exits 0). The failing samples are the
@@ -281,6 +304,29 @@ def test_a_task_target_judges_the_run_by_the_task(tmp_path):
     mean = float(np.mean(truth))
     assert not dataclasses.replace(r, task_target=TaskTarget.parse(f"mean top1>={mean - 1e-9}")).failed
     assert dataclasses.replace(r, task_target=TaskTarget.parse(f"mean top1>={mean + 1e-6}")).failed
+    # a threshold a rounded text would move across the mean: the bundle reruns to the same verdict
+    from workbench.dataset.bundle import rerun_dataset, save_dataset_bundle
+    from workbench.report.bundle import load_bundle
+
+    close = compare_dataset(model, "ort", "ort", data, cand_model=qdq, metrics=["top1"], layers=False,
+                            task_target=f"mean top1>={mean + 3e-8!r}")
+    assert close.failed and f"{mean + 3e-8!r}" in close.verdict()["reason"]
+    save_dataset_bundle(close, tmp_path / "close")
+    again = rerun_dataset(load_bundle(tmp_path / "close"))
+    assert again.reproduced and again.result.failed and not again.verdict_changed
+    # a custom metric's result that only later samples report is judged (a sample without it fails), not refused
+    calls = []
+
+    def late(ref, cand):
+        calls.append(1)
+        return {"late": 1.0} if len(calls) > 1 else {}
+
+    r_late = compare_dataset(model, "ort", "ort", data, cand_model=qdq, metrics=[late], task_target="late>=1",
+                             layers=False)
+    assert r_late.verdict()["task_failing_samples"] == [0]
+    wrong = compare_dataset(model, "ort", "ort", data, cand_model=qdq, metrics=["ctc"], task_target="ctc_cer>=0.05",
+                            layers=False)
+    assert any("ctc_cer is lower-is-better" in n for n in wrong.notes)
     assert r.to_json()["task_target"]["text"] == "top1>=1"
     from workbench.plots.dataset import sample_metric
 

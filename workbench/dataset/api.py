@@ -30,11 +30,13 @@ from .executors import ExecutorSpec, run_samples, worker_threads
 from .metrics import TaskMetric, parse_metric
 from .result import DatasetResult, LayerInfo, LayerStats, task_summary
 from .source import Dataset, Prefetch, Sample, checked, open_dataset
-from .task_target import TaskTarget
+from .task_target import TaskTarget, number_text
 
 log = logging.getLogger(__name__)
 
 CHUNK = 4  # samples per task sent to a worker
+#: built-in metrics whose value 1 means the candidate gave the reference's answer (the class, the decoded text)
+ANSWERS = ("top1", "ctc")
 WORST_LAYERS = 5  # per worst sample: its worst layers
 
 
@@ -115,7 +117,7 @@ def compare_dataset(
                             "metrics": [m.spec for m in task_metrics], "cand_model": cand_model, "layers": layers,
                             "worst": worst, "calibration_count": calibration_count,
                             "explicit_calibration": calibration is not None,
-                            "task_target": None if target is None else target.text()})
+                            "task_target": None if target is None else target.to_json()})
     finally:
         reader.close()
 
@@ -331,8 +333,11 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
                     raise InputError(f"metrics {by[k]!r} and {m.spec!r} both report {k!r}",
                                      "drop one of them, or rename what the custom metric returns")
                 task[k], by[k] = v, m.spec
-        if target is not None and not samples:
-            target = target.resolved(list(task))  # the first sample's results name it, or show it is not there
+        if target is not None and not samples:  # the first sample's results name it (or show it is not there)
+            target = target.resolved(list(task), fixed=all(m.builtin for m in task_metrics))
+            wrong_way = _wrong_way(target, lower) if all(m.builtin for m in task_metrics) else None
+            if wrong_way:
+                notes.append(wrong_way)  # the first sample's results name it, or show it is not there
         for k, v in task.items():
             task_values.setdefault(k, []).append(v)
             task_indices.setdefault(k, []).append(rec.index)
@@ -345,6 +350,8 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
         samples.append(row)
         done = len(samples)
         steps.span(0.02, 0.98)(done / total if total else 0.0, f"{done}{'/' + str(total) if total else ''} samples")
+    if target is not None and samples:
+        target.check_reported(set(task_values))
     result = DatasetResult(
         reference=str(plan.ref_spec), candidate=str(plan.cand_spec), criterion=crit, samples=samples,
         task=task_summary(task_values, task_indices, lower), layers=stats.summary(), outputs=job.outputs,
@@ -360,11 +367,24 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
     return result
 
 
+def _wrong_way(target: TaskTarget, lower: set[str]) -> str | None:
+    """A note where the target's comparison points against its metric's better direction (``ctc_cer>=0.05``)."""
+    if target.op == "==":
+        return None
+    low = target.name in lower
+    if low == (target.op in ("<=", "<")):
+        return None
+    better = "lower" if low else "higher"
+    return (f"{target.name} is {better}-is-better, and the task target {target.text()!r} passes where it is "
+            f"{'at least' if target.op in ('>=', '>') else 'at most'} {number_text(target.threshold)}: check the "
+            "comparison")
+
+
 def _task_disagrees(result: DatasetResult, task_metrics: list[TaskMetric]) -> str | None:
     """Where no task target was given and the first built-in agreement metric (1: the reference's answer) and the
     outputs' verdict disagree, a note saying so and the --target that judges by the task."""
-    builtin = next((m for m in task_metrics if m.builtin), None)
-    if builtin is None or not result.samples:
+    builtin = next((m for m in task_metrics if m.builtin and m.spec.partition(":")[0] in ANSWERS), None)
+    if builtin is None or not result.samples:  # mask IoU and top-k overlap are degrees, not one answer
         return None
     name = next((k for k in result.samples[0]["task"] if k not in builtin.lower_is_better), None)
     if name is None:

@@ -49,7 +49,7 @@ def save_dataset_bundle(result: DatasetResult, dest: str | os.PathLike, *, inclu
             "options": {k: v for k, v in opts.to_json().items() if k not in ("criterion",)},
             "metrics": list(ro["metrics"]), "layers": bool(ro["layers"]), "worst": int(ro["worst"]),
             "calibration_count": int(ro["calibration_count"]), "executor": result.executor,
-            "task_target": None if result.task_target is None else result.task_target.text(),
+            "task_target": None if result.task_target is None else result.task_target.to_json(),
         }
         d = result.dataset
         m["dataset"] = {"kind": d.get("kind"), "folder": d.get("folder"), "preprocess": d.get("preprocess"),
@@ -104,8 +104,14 @@ class DatasetRerun:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def verdict_changed(self) -> bool:
+        """The saved run's judgement (``verdict.failed``) and this one's differ."""
+        saved = (self.saved.get("verdict") or {}).get("failed")
+        return saved is not None and bool(saved) != self.result.failed
+
+    @property
     def reproduced(self) -> bool:
-        return not self.changed and not self.data_changed
+        return not self.changed and not self.data_changed and not self.verdict_changed
 
     @property
     def exit_code(self) -> int:
@@ -115,6 +121,7 @@ class DatasetRerun:
 
     def to_json(self) -> dict:
         return {"schema": "workbench.rerun/1", "kind": KIND, "bundle": self.bundle, "reproduced": self.reproduced,
+                "verdict_changed": self.verdict_changed,
                 "exit_code": self.exit_code, "diverged": self.result.diverged, "failed": self.result.failed,
                 "changed_samples": self.changed,
                 "data_changed": self.data_changed, "versions_changed": self.versions_changed,
@@ -126,6 +133,10 @@ class DatasetRerun:
                  + ("REPRODUCED" if self.reproduced else "NOT REPRODUCED")
                  + f" -- {n - len(self.changed)} of {n} samples identical"]
         v = self.result.verdict()
+        if self.verdict_changed:
+            saved = self.saved.get("verdict") or {}
+            was = saved.get("headline") or ("FAILED" if saved.get("failed") else "ok")
+            lines.append(f"  the verdict changed: {was} -> {v['headline']}")
         lines.append(f"  now: {v['headline']}: {safe_name(v['reason'])}")
         if self.data_changed:
             lines.append(f"  the data differ from the bundle's on {len(self.data_changed)} sample(s): "
@@ -176,7 +187,7 @@ def rerun_dataset(b: Bundle, *, model: str | os.PathLike | None = None,
         settings = {"calibration_count": _whole(opts.get("calibration_count", 16), "calibration_count", 1),
                     "worst": _whole(opts.get("worst", 5), "worst", 0), "layers": _flag(opts.get("layers", True))}
         if opts.get("task_target") is not None:
-            settings["task_target"] = TaskTarget.parse(_text(opts["task_target"], "task_target"))
+            settings["task_target"] = TaskTarget.from_json(opts["task_target"])
         recorded = {}
         for j, s in enumerate(_list(data.get("samples"), "samples")):
             if not isinstance(s, dict) or not isinstance(s.get("sha256"), str):

@@ -16,7 +16,7 @@ from ..core.floats import encode_float, encode_metrics
 from ..core.metric_info import HIGHER_IS_BETTER
 from ..errors import WorkbenchError
 from ..textfmt import safe_name
-from .task_target import TaskTarget
+from .task_target import TaskTarget, number_text
 
 SCHEMA = "workbench.compare/1"
 KIND = "dataset"
@@ -107,12 +107,14 @@ class DatasetResult:
             return doc | {"headline": "DIVERGED" if bad else "ok", "reason": outputs}
         judged = t.judge(self.samples)
         k = len(judged["failing"])
-        what = f"{safe_name(t.name)} {t.op} {t.threshold:g}"
+        nan = f"; {judged['nan']} sample(s) gave no number (NaN)" if judged["nan"] else ""
         if t.aggregate == "mean":
-            held = (f"the mean of {safe_name(t.name)} is {judged['value']:.4g}, {t.op} {t.threshold:g} "
-                    f"{'holds' if judged['met'] else 'is missed'} ({k} of {n} sample(s) under it)")
+            held = (f"the mean of {safe_name(t.name)} is {t.shown(judged['value'])}, {t.op} "
+                    f"{number_text(t.threshold)} {'holds' if judged['met'] else 'is missed'} ({k} of {n} sample(s) "
+                    f"fail it on their own{nan})")
         else:
-            held = f"{k} of {n} sample(s) miss {what}" if k else f"{what} holds on all {n} sample(s)"
+            held = (f"{k} of {n} sample(s) miss {t.condition()}{nan}" if k
+                    else f"{t.condition()} holds on all {n} sample(s)")
         tail = "; their drift does not break the task" if bad and judged["met"] else ""
         return doc | {"headline": "FAILED" if self.failed else "ok", "task_target": t.to_json(),
                       "task_failing_samples": judged["failing"], "reason": f"task target: {held}; {outputs}{tail}"}
