@@ -242,6 +242,24 @@ def test_task_metric_target(tmp_path):
     assert res.met and res.kept == [BN] and res.after["value"] == 1.0
 
 
+def test_a_target_may_name_the_result_it_judges_as_a_dataset_target_does():
+    """'ctc>=1' (compare's --target form) reads as '>=1' for --metric ctc; a name repair does not judge is refused."""
+    from workbench.compare.criterion import Criterion
+    from workbench.repair.graph import RepairError
+    from workbench.repair.target import Target
+
+    crit = Criterion.parse("sqnr_db<30")
+    for metric, target, op, threshold, aggregate in (("ctc", "ctc>=1", ">=", 1.0, "worst"),
+                                                     ("topk:3", "mean top3>=0.9", ">=", 0.9, "mean"),
+                                                     ("mask_iou:0.5", " mask_iou >= 0.99 ", ">=", 0.99, "worst")):
+        t = Target.build(crit, target, metric, {})
+        assert (t.op, t.threshold, t.aggregate) == (op, threshold, aggregate), target
+    for metric, target, said in (("ctc", "ctc_cer<=0.05", "repair judges one number per feed: metric ctc's 'ctc'"),
+                                 ("top1", "top5>=1", "'top1'"), ("ctc", "ctc>=x", "not a number")):
+        with pytest.raises(RepairError, match=said):
+            Target.build(crit, target, metric, {})
+
+
 def test_unreachable_target_exits_1_with_the_best_set(tmp_path, capsys):
     out = tmp_path / "fixed.onnx"
     code = main(["repair", str(CLAMP), "--out", str(out), "--target", "sqnr_db<200", "--verify", "none",

@@ -20,6 +20,8 @@ from .graph import RepairError
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq}
 _THRESHOLD = re.compile(r"^\s*(mean\s*)?(>=|<=|==|>|<)\s*(\S+)\s*$")
+#: ``ctc>=1``, ``mean top1>=0.95``: the dataset comparison's form, the result named (it must be the one judged)
+_NAMED = re.compile(r"^\s*(mean\s+)?([^<>=!\s][^<>=!]*?)\s*(>=|<=|==|>|<)\s*(\S+)\s*$")
 
 
 def load_metric(spec: str | Callable) -> tuple[Callable, str]:
@@ -47,6 +49,17 @@ def load_metric(spec: str | Callable) -> tuple[Callable, str]:
         hint = e.hint if ":" in text else "use a built-in task metric (top1, topk:K, ctc, mask_iou:T) or your own " \
             "as module:function or path/to/file.py:function"
         raise RepairError(e.message, hint) from None
+
+
+def judged_names(label: str) -> list[str]:
+    """The names a target may give the number repair judges: a built-in metric's first result (``top5`` for
+    ``topk:5``, ``ctc``, ``mask_iou``), else the metric's function name and its whole label."""
+    from ..dataset.metrics import BUILTIN
+
+    name, _, param = label.strip().partition(":")
+    if name in BUILTIN:
+        return [f"top{param or 5}" if name == "topk" else name]
+    return [label.rpartition(":")[2], label]
 
 
 @dataclass
@@ -100,15 +113,24 @@ class Target:
         aggregate = "worst"
         if target:
             m = _THRESHOLD.match(str(target))
-            if not m:
-                raise RepairError(f"cannot read target {target!r} for metric {label}",
-                                  "write e.g. '>=0.99' (every feed) or 'mean>=0.95' (the mean over the feeds)")
-            aggregate = "mean" if m.group(1) else "worst"
-            op = m.group(2)
+            if m:
+                mean, op, number = m.groups()
+            else:
+                named = _NAMED.match(str(target))
+                if not named:
+                    raise RepairError(f"cannot read target {target!r} for metric {label}",
+                                      "write e.g. '>=0.99' (every feed) or 'mean>=0.95' (the mean over the feeds)")
+                mean, name, op, number = named.groups()
+                judged = judged_names(label)
+                if name not in judged:
+                    raise RepairError(f"target {target!r} names {name!r}, but repair judges one number per feed: "
+                                      f"metric {label}'s {judged[0]!r}",
+                                      f"write '{'mean ' if mean else ''}{op}{number}' (or name {judged[0]!r})")
+            aggregate = "mean" if mean else "worst"
             try:
-                threshold = float(m.group(3))
+                threshold = float(number)
             except ValueError:
-                raise RepairError(f"target {target!r}: {m.group(3)!r} is not a number") from None
+                raise RepairError(f"target {target!r}: {number!r} is not a number") from None
             if not math.isfinite(threshold):
                 raise RepairError(f"target {target!r} needs a finite threshold")
         return cls(criterion, floors, fn, label, op, threshold, aggregate)
