@@ -4,6 +4,7 @@ results identical on every executor (serial, local processes, Ray), worker death
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -262,6 +263,11 @@ def test_a_task_target_reads_back_exactly_and_refuses_what_it_cannot_read():
     assert TaskTarget.parse("mean ctc>=0.5625001").threshold == 0.5625001
     assert TaskTarget.parse("mean>=1") == TaskTarget(None, ">=", 1.0, "mean")
     assert TaskTarget.parse(" F1 score >= 0.5 ").name == "F1 score"
+    judged = TaskTarget.parse("mean q>=0").judge([{"index": i, "task": {"q": v}}
+                                                  for i, v in enumerate((math.inf, -math.inf, 1.0))])
+    assert not judged["met"] and math.isnan(judged["value"])  # inf + -inf: a NaN mean, not a crash
+    assert TaskTarget.parse("mean q>=0").judge([{"index": i, "task": {"q": 1e308}} for i in range(2)])["met"]
+    assert TaskTarget.parse("mean ctc>=0.5625001").shown(0.5625001) == "0.5625001"
     near = TaskTarget.parse("mean ctc>=0.5625001")
     assert near.shown(0.5625) == "0.5625" and not near.holds(0.5625)  # the value is not printed as the threshold
     for text, said in (("top1>=0_95", "not a number"), ("ctc>=\u0661", "not a number"), ("top1>=1e-400", "reads as 0"),
@@ -338,6 +344,9 @@ def test_a_task_target_judges_the_run_by_the_task(tmp_path):
     strict = compare_dataset(model, "ort", "ref:fp16", data, metrics=["top1"], criterion="sqnr_db<200", layers=False)
     assert strict.diverged and all(s["task"]["top1"] == 1 for s in strict.samples)
     assert any("judged by the task the run passes: all 6 sample(s) keep top1 = 1" in n for n in strict.notes)
+    both = compare_dataset(model, "ort", "ref:fp16", data, metrics=["mask_iou:0.1", "top1"], criterion="sqnr_db<200",
+                           layers=False)  # the note reads top1's own result, not the first metric's
+    assert any("keep top1 = 1" in n for n in both.notes) and not any("mask_iou = 1" in n for n in both.notes)
 
     wb = [sys.executable, "-m", "workbench"]
     args = [*wb, "compare", str(model), "--cand", "ort", "--cand-model", str(qdq), "--inputs", str(data),

@@ -335,7 +335,7 @@ def _collect(plan, job: Job, infos, dataset: Dataset, head, stream, loaded, spec
                 task[k], by[k] = v, m.spec
         if target is not None and not samples:  # the first sample's results name it (or show it is not there)
             target = target.resolved(list(task), fixed=all(m.builtin for m in task_metrics))
-            wrong_way = _wrong_way(target, lower) if all(m.builtin for m in task_metrics) else None
+            wrong_way = _wrong_way(target, lower)
             if wrong_way:
                 notes.append(wrong_way)  # the first sample's results name it, or show it is not there
         for k, v in task.items():
@@ -386,9 +386,7 @@ def _task_disagrees(result: DatasetResult, task_metrics: list[TaskMetric]) -> st
     builtin = next((m for m in task_metrics if m.builtin and m.spec.partition(":")[0] in ANSWERS), None)
     if builtin is None or not result.samples:  # mask IoU and top-k overlap are degrees, not one answer
         return None
-    name = next((k for k in result.samples[0]["task"] if k not in builtin.lower_is_better), None)
-    if name is None:
-        return None
+    name = builtin.spec.partition(":")[0]  # top1 and ctc report under their own names
     changed = [s["index"] for s in result.samples if not s["task"].get(name, math.nan) >= 1]
     n = len(result.samples)
     if result.diverged and not changed:

@@ -107,7 +107,7 @@ class DatasetRerun:
     def verdict_changed(self) -> bool:
         """The saved run's judgement (``verdict.failed``) and this one's differ."""
         saved = (self.saved.get("verdict") or {}).get("failed")
-        return saved is not None and bool(saved) != self.result.failed
+        return isinstance(saved, bool) and saved != self.result.failed
 
     @property
     def reproduced(self) -> bool:
@@ -134,8 +134,7 @@ class DatasetRerun:
                  + f" -- {n - len(self.changed)} of {n} samples identical"]
         v = self.result.verdict()
         if self.verdict_changed:
-            saved = self.saved.get("verdict") or {}
-            was = saved.get("headline") or ("FAILED" if saved.get("failed") else "ok")
+            was = "FAILED" if (self.saved.get("verdict") or {}).get("failed") is True else "ok"
             lines.append(f"  the verdict changed: {was} -> {v['headline']}")
         lines.append(f"  now: {v['headline']}: {safe_name(v['reason'])}")
         if self.data_changed:

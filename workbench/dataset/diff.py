@@ -101,8 +101,8 @@ class DatasetDiff:
                                      "after": (self.after.get("verdict") or {}).get("diverged_samples")},
                 "failed": {"before": (self.before.get("verdict") or {}).get("failed"),
                            "after": (self.after.get("verdict") or {}).get("failed")},
-                "task_target": {"before": (self.before.get("task_target") or {}).get("text"),
-                                "after": (self.after.get("task_target") or {}).get("text")},
+                "task_target": {"before": _target_text(self.before.get("task_target")),
+                                "after": _target_text(self.after.get("task_target"))},
                 "task": task, "changed_samples": self.changed, "only_before": self.only_before,
                 "only_after": self.only_after}
 
@@ -114,10 +114,9 @@ class DatasetDiff:
                  f"{doc['diverged_samples']['before']} -> {doc['diverged_samples']['after']}"]
         targets = doc["task_target"]
         if targets["before"] or targets["after"]:
-            said = {True: "FAILED", False: "ok", None: "?"}
             lines.append(f"  task target {safe_name(targets['before'] or 'none')} -> "
-                         f"{safe_name(targets['after'] or 'none')}: {said[doc['failed']['before']]} -> "
-                         f"{said[doc['failed']['after']]}")
+                         f"{safe_name(targets['after'] or 'none')}: {_said(doc['failed']['before'])} -> "
+                         f"{_said(doc['failed']['after'])}")
         for name, v in doc["task"].items():
             lines.append(f"  {safe_name(name)} mean: {_fmt(v['before'])} -> {_fmt(v['after'])}")
         for c in self.changed[:top]:
@@ -128,6 +127,17 @@ class DatasetDiff:
                              + ", ".join(f"#{s['index']} {safe_name(s['source'])}" for s in only[:top])
                              + (", ..." if len(only) > top else "") + ")")
         return "\n".join(lines)
+
+
+def _said(failed: Any) -> str:
+    return ("FAILED" if failed else "ok") if isinstance(failed, bool) else "?"
+
+
+def _target_text(doc: Any) -> str | None:
+    """A saved task target's text (its JSON object, or the text itself), None when there is none or it is not one."""
+    if isinstance(doc, dict):
+        doc = doc.get("text")
+    return doc if isinstance(doc, str) else None
 
 
 def _fmt(v: Any) -> str:

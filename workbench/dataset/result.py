@@ -76,8 +76,9 @@ class DatasetResult:
 
     def failing_indices(self) -> set[int]:
         """The samples that fail the run's judgement: under the task target when there is one, else diverged."""
-        if self.task_target is not None:
-            return set(self.task_target.judge(self.samples)["failing"])
+        if self.task_target is not None:  # a mean target that holds: no sample fails the run
+            judged = self.task_target.judge(self.samples)
+            return set() if judged["met"] and self.task_target.aggregate == "mean" else set(judged["failing"])
         return {s["index"] for s in self.diverged_samples}
 
     def worst(self) -> list[dict]:

@@ -127,8 +127,8 @@ class TaskTarget:
 
     def shown(self, value: float) -> str:
         """``value`` with the fewest digits (4 at least) that keep its relation to the threshold readable."""
-        if math.isnan(value) or value == self.threshold:
-            return f"{value:g}"
+        if math.isnan(value) or math.isinf(value) or value == self.threshold:
+            return number_text(value) if math.isfinite(value) else f"{value:g}"
         for digits in (4, 6, 9, 12):
             s = f"{value:.{digits}g}"
             if float(s) != self.threshold and self.holds(float(s)) == self.holds(value):
@@ -142,7 +142,11 @@ class TaskTarget:
         failing = [s["index"] for s, v in zip(samples, values) if not self.holds(v)]
         nan = sum(math.isnan(v) for v in values)
         if self.aggregate == "mean":
-            mean = math.fsum(values) / len(values) if values else math.nan
+            try:
+                total = math.fsum(values)
+            except (ValueError, OverflowError):  # inf + -inf, or a finite sum past float's range
+                total = sum(values)
+            mean = total / len(values) if values else math.nan
             return {"met": self.holds(mean), "failing": failing, "value": mean, "nan": nan}
         return {"met": bool(samples) and not failing, "failing": failing, "value": None, "nan": nan}
 
