@@ -88,6 +88,27 @@ def test_ort_optimization_levels_agree(level):
     assert max(_normalised_error(got[n], base[n]) for n in names) < 1e-5
 
 
+def test_ort_threads_from_the_environment(monkeypatch, capsys):
+    """WORKBENCH_ORT_THREADS caps every ORT session not given threads (scripts/test.sh sets 1 for its two workers); the
+    answer is the reference evaluator's; a bad value is one clear line from the CLI, not a traceback."""
+    from workbench.cli import main
+
+    model, feeds = _sample("healthy_cnn"), _feeds("healthy_cnn")
+    names = _top_level_tensors(model)
+    monkeypatch.setenv("WORKBENCH_ORT_THREADS", "1")
+    engine = get_engine("ort")
+    session = engine.prepare(model, names)
+    assert session._session.get_session_options().intra_op_num_threads == 1
+    assert engine.describe()["threads"] == 1 and get_engine("ort", threads=2).threads == 2  # given beats the env
+    got, want = session.run(feeds), get_engine("ref").prepare(model, names).run(feeds)
+    assert max(_normalised_error(got[n], want[n]) for n in names) < 1e-5
+    for bad in ("0", "two", "1\nverdict: ok"):
+        monkeypatch.setenv("WORKBENCH_ORT_THREADS", bad)
+        assert main(["compare", str(SAMPLES / _entry("healthy_cnn")["file"]), "--cand", "ort:fp16"]) == 2
+        err = capsys.readouterr().err
+        assert "WORKBENCH_ORT_THREADS=" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_ort_errors_are_one_line_and_name_the_node():
     w = numpy_helper.from_array(np.ones((4, 4), np.float32), "W")
     graph = helper.make_graph(

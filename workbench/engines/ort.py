@@ -32,6 +32,24 @@ GPU_HINT = ("pip uninstall onnxruntime && pip install onnxruntime-gpu on a machi
 
 #: above this many marked outputs the CPU memory arena is off by default (memory_arena=None)
 MANY_OUTPUTS = 16
+#: environment variable: intra-op threads of every ONNX Runtime session not given ``threads`` (default: ORT's own,
+#: one per core). Set it where several jobs share the cores (a CI runner, ``scripts/test.sh``'s two test workers):
+#: ORT's threads spin while they wait, which costs a shared machine more than the parallelism gains.
+THREADS_ENV = "WORKBENCH_ORT_THREADS"
+
+
+def env_threads() -> int | None:
+    """The thread count :data:`THREADS_ENV` asks for (None when unset or empty); a value that is not a whole number
+    >= 1 is one clear error."""
+    import os
+
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise SpecError(f"{THREADS_ENV}={text[:40]!r} is not a number of threads",
+                        f"set it to a whole number >= 1 (e.g. {THREADS_ENV}=1) or unset it")
+    return int(text)
 
 
 class OrtEngine(Engine):
@@ -53,7 +71,7 @@ class OrtEngine(Engine):
             raise SpecError(f"unknown graph_optimization {graph_optimization!r}",
                             f"use one of {', '.join(OPTIMIZATION_LEVELS)}")
         self.provider = provider
-        self.threads = threads
+        self.threads = threads if threads is not None else env_threads()
         self.graph_optimization = graph_optimization
         self.provider_options = dict(provider_options or {})
         self.memory_arena = memory_arena
@@ -66,6 +84,7 @@ class OrtEngine(Engine):
     @classmethod
     def availability(cls) -> tuple[bool, str]:
         return _availability(cls.provider_default)
+
 
     def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
         import onnxruntime as ort

@@ -19,6 +19,10 @@ def ort_session(model: onnx.ModelProto, *, optimize: bool = False) -> Any:
 
     options = ort.SessionOptions()
     options.log_severity_level = 4  # its errors are raised: none printed raw
+    from ..engines.ort import env_threads
+
+    if threads := env_threads():  # WORKBENCH_ORT_THREADS, as for the ort engine's sessions
+        options.intra_op_num_threads = threads
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     from ..model.mapped import has_mapped, ort_options, session_source
