@@ -236,21 +236,24 @@ def test_bad_options_are_said_before_running(data, field, value, said):
     assert said in panel.jobs.status.value and "wb-error" in panel.jobs.status.value
 
 
-def test_a_task_target_leads_the_verdict(data):
+@pytest.mark.parametrize("target, fails", [("top1>=0", False), ("top1>=1.5", True)])
+def test_a_task_target_leads_the_verdict(data, target, fails):
     """The outputs diverge on this model (the ``ran`` panel says DIVERGED); with a task target the headline is the
-    target's, and the outputs' divergence stays in the reason (a warning where the target holds)."""
+    target's, and the outputs' divergence stays in the reason: FAILED (an error) where the target is missed, here on
+    every sample (top1 is 0 or 1), a warning where it holds on every sample (top1 >= 0)."""
     panel = DatasetPanel(CLAMP, candidate="ref:fp16")
     panel.folder.value = str(data)
     panel.metrics.value = ("top1",)
-    panel.task_target.value = "top1>=1"
+    panel.task_target.value = target
     assert panel.run() is not None
     assert panel.wait(180) and panel.jobs.error is None, panel.jobs.status.value
     result = panel.result
-    failing = [s["index"] for s in result.samples if s["task"]["top1"] < 1]
     v = result.verdict()
-    assert result.diverged and v["task_failing_samples"] == failing
-    assert html.escape(f"{'FAILED' if failing else 'ok'}: task target: ") in panel.summary.value
-    assert ("wb-error" if failing else "wb-warn") in panel.summary.value
+    assert result.diverged and result.failed == fails
+    assert v["task_failing_samples"] == (list(range(len(result.samples))) if fails else [])
+    assert html.escape(f"{'FAILED' if fails else 'ok'}: task target: ") in panel.summary.value
+    assert ("wb-error" if fails else "wb-warn") in panel.summary.value
+    assert ("wb-warn" if fails else "wb-error") not in panel.summary.value
 
 
 def test_object_source_needs_set_dataset():
