@@ -85,7 +85,6 @@ class OrtEngine(Engine):
     def availability(cls) -> tuple[bool, str]:
         return _availability(cls.provider_default)
 
-
     def prepare(self, model: onnx.ModelProto, outputs: Sequence[str]) -> Session:
         import onnxruntime as ort
 
