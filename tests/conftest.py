@@ -150,13 +150,34 @@ def chdir_tmp(tmp_path, monkeypatch):
     return cwd
 
 
-def pytest_collection_modifyitems(config, items):
-    """Modules with slow or browser tests first (each module's tests kept together, in their order): under
-    pytest-xdist (``-n 2 --dist loadscope``, scripts/test.sh: a module's tests on one worker, so its module fixtures,
-    a browser page among them, are made once) they are handed out first, so that no long module starts last and
-    leaves the other worker idle."""
-    def module(item) -> str:
-        return item.nodeid.split("::")[0]
+#: modules named so drive a real browser against the JupyterLab of the ``jupyter_lab`` fixture
+LAB_MODULES = "tests/test_browser_"
 
-    heavy = {module(i) for i in items if i.get_closest_marker("slow") or i.get_closest_marker("browser")}
-    items.sort(key=lambda i: module(i) not in heavy)  # stable: the collection order otherwise
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """The JupyterLab modules first, then the other modules with slow or browser tests, then the rest (each
+    module's tests kept together, in their order): pytest-xdist hands the scopes of :func:`pytest_xdist_make_scheduler`
+    out in this order (scripts/test.sh passes ``--no-loadscope-reorder``), so that no long module starts last and
+    leaves the other workers idle."""
+    heavy = {_module(i.nodeid) for i in items if i.get_closest_marker("slow") or i.get_closest_marker("browser")}
+    items.sort(key=lambda i: (not i.nodeid.startswith(LAB_MODULES), _module(i.nodeid) not in heavy))  # stable
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's ``loadscope`` by module, except that every JupyterLab module (:data:`LAB_MODULES`) is one scope:
+    a module's tests run on one worker, so its module fixtures are made once, and the JupyterLab modules run one after
+    the other on one worker, against one JupyterLab server. They mostly wait on the browser and the kernel (~150 s of
+    CPU in ~260 s), so the other workers keep the cores busy meanwhile."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "jupyterlab" if nodeid.startswith(LAB_MODULES) else _module(nodeid)
+
+    return ModuleScheduling(config, log)

@@ -89,7 +89,7 @@ def test_ort_optimization_levels_agree(level):
 
 
 def test_ort_threads_from_the_environment(monkeypatch, capsys):
-    """WORKBENCH_ORT_THREADS caps every ORT session not given threads (scripts/test.sh sets 1 for its two workers); the
+    """WORKBENCH_ORT_THREADS caps every ORT session not given threads (scripts/test.sh sets 1 for its test workers); the
     answer is the reference evaluator's; a bad value is one clear line from the CLI, not a traceback."""
     from workbench.cli import main
 

@@ -332,3 +332,28 @@ def test_writing_over_the_weights_a_model_reads_is_refused(small, mapped_env, tm
     with pytest.raises(WorkbenchError, match="a weight file the model reads"):
         save_model(loaded.proto, model.parent / "out.onnx")
     assert (model.parent / "out.onnx.data").stat().st_size == ROWS * WIDTH * 4
+
+
+def test_rerun_reads_referenced_weights_once(small, mapped_env, tmp_path, monkeypatch, capsys):
+    """A rerun checks weights kept by reference through the model's fingerprint (which reads every weight file), not
+    by hashing each file again first; a changed file is still named, with its sha256."""
+    from workbench.report import weights_ref
+
+    model, feeds = small
+    bundle = tmp_path / "bundle"
+    assert main(["compare", str(model), "--ref", "ort", "--cand", "ort:fp16", "--inputs", str(feeds),
+                 "--bundle", str(bundle)]) == 1
+    hashed, real = [], weights_ref.sha256_file
+    monkeypatch.setattr(weights_ref, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    capsys.readouterr()
+    assert main(["rerun", str(bundle)]) == 1
+    assert "first divergent: g1 -> g1 (same)" in capsys.readouterr().out
+    assert hashed == []
+
+    data = bytearray((model.parent / "big.bin").read_bytes())
+    data[-1] ^= 1  # same size, other content
+    (model.parent / "big.bin").write_bytes(bytes(data))
+    assert main(["rerun", str(bundle)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "big.bin has sha256" in err and "the bundle recorded" in err and len(err.splitlines()) == 1
+    assert hashed == ["big.bin"]

@@ -402,6 +402,31 @@ def test_vectorised_rule_matches_both_converters_bit_for_bit():
                 assert counter.clamped == 1
 
 
+@pytest.mark.parametrize("where", [None, 0, "middle", "last"])
+def test_rule_on_mostly_zero_tables_over_many_slices(where):
+    """A table of zeros (a sparse or pruned weight) larger than the rule's slices, with one value under FP16's
+    smallest subnormal at the start, in the middle, in the last (partial) slice, or none: the converter's own
+    output, bit for bit, and a clamp counted exactly when there was one."""
+    import warnings
+
+    from onnxruntime.transformers.float16 import convert_np_to_float16 as ort_rule
+
+    from workbench.variants import fp16_fast
+
+    x = np.zeros((3 * fp16_fast._SLICE + 12345) // 5 * 5, np.float32).reshape(-1, 5)
+    x[:, 2] = 0.5
+    if where is not None:
+        flat = x.reshape(-1)
+        flat[{0: 0, "middle": flat.size // 2, "last": flat.size - 3}[where]] = -1e-9
+    counter = fp16_fast.ClampCounter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = ort_rule(x.copy(), 5.96e-08, 65504.0)
+    got = counter(x.copy(), 5.96e-08, 65504.0)
+    assert np.array_equal(want.view(np.uint16), got.view(np.uint16))
+    assert counter.clamped == (where is not None)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ppocr-det", "ppocr-rec"])
 def test_weight_free_conversion_on_real_models(fetch_model, name):

@@ -595,12 +595,14 @@ class Bundle:
         if override is None and path is not None and entry.get("weights"):
             from .._files import read_capped
             from ..model.load import MAX_MODEL_BYTES
-            from .weights_ref import find_weights
+            from .weights_ref import check_contents, find_weights
 
             base = find_weights(entry["weights"], path.parent, weights if weights is not None else self.weights_dir,
-                                f"{self.source.name}: {section.replace('_', ' ')}")
+                                f"{self.source.name}: {section.replace('_', ' ')}", contents=False)
             loaded = load_model(read_capped(path, MAX_MODEL_BYTES, "model file", BundleError), base_dir=base)
             loaded.path = path.absolute()  # its name; the weights (mapped, or read in) came from ``base``
+            if loaded.fingerprint != self.manifest[section].get("sha256"):  # the weights read once: name the file
+                check_contents(entry["weights"], base)
         else:
             loaded = None
         if path is None:

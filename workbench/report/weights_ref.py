@@ -57,8 +57,22 @@ def _original_base(entry: dict) -> Path | None:
     return p.parents[depth - 1] if 0 < depth <= len(p.parents) else None
 
 
-def find_weights(entries: list, graph_dir: Path, given: str | os.PathLike | None, what: str) -> Path:
-    """The folder holding every referenced weight file at its recorded size and sha256 (see the module doc)."""
+def check_contents(entries: list, base: Path) -> None:
+    """Refuse, naming it, the first weight file under ``base`` whose sha256 is not the recorded one."""
+    for e in entries:
+        f = confined_path(base, e["location"])
+        found = sha256_file(f)
+        if found != e["sha256"]:
+            raise ModelMismatchError(f"weight file {f} has sha256 {found}, the bundle recorded {e['sha256']}",
+                                     "use the exact weight files the comparison ran on")
+
+
+def find_weights(entries: list, graph_dir: Path, given: str | os.PathLike | None, what: str,
+                 contents: bool = True) -> Path:
+    """The folder holding every referenced weight file at its recorded size and sha256 (see the module doc).
+    ``contents=False``: at its recorded size only, the caller checking the content otherwise (the model's
+    fingerprint covers every weight file: a rerun reads the weights once, and calls :func:`check_contents` only
+    to name the file when the fingerprint differs)."""
     if not isinstance(entries, list) or not all(
             isinstance(e, dict) and isinstance(e.get("location"), str) and isinstance(e.get("sha256"), str)
             and isinstance(e.get("size"), int) for e in entries):
@@ -76,11 +90,8 @@ def find_weights(entries: list, graph_dir: Path, given: str | os.PathLike | None
             raise BundleError(f"{what}: a referenced weight file is not a plain relative location ({e.message})")\
                 from None
         if all(f.is_file() and f.stat().st_size == e["size"] for f, e in zip(files, entries)):
-            for f, e in zip(files, entries):
-                found = sha256_file(f)
-                if found != e["sha256"]:
-                    raise ModelMismatchError(f"weight file {f} has sha256 {found}, the bundle recorded {e['sha256']}",
-                                             "use the exact weight files the comparison ran on")
+            if contents:
+                check_contents(entries, base)
             return base
         if given is not None and base == places[0]:
             missing = [e["location"] for f, e in zip(files, entries) if not f.is_file()]
