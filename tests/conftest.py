@@ -167,12 +167,13 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda i: (not i.nodeid.startswith(LAB_MODULES), _module(i.nodeid) not in heavy))  # stable
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's ``loadscope`` by module, except that every JupyterLab module (:data:`LAB_MODULES`) is one scope:
     a module's tests run on one worker, so its module fixtures are made once, and the JupyterLab modules run one after
     the other on one worker, against one JupyterLab server. They mostly wait on the browser and the kernel (~150 s of
     CPU in ~260 s), so the other workers keep the cores busy meanwhile."""
-    if config.getvalue("dist") != "loadscope":
+    if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 

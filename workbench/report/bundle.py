@@ -598,7 +598,7 @@ class Bundle:
             from .weights_ref import check_contents, find_weights
 
             base = find_weights(entry["weights"], path.parent, weights if weights is not None else self.weights_dir,
-                                f"{self.source.name}: {section.replace('_', ' ')}", contents=False)
+                                f"{self.source.name}: {section.replace('_', ' ')}")
             loaded = load_model(read_capped(path, MAX_MODEL_BYTES, "model file", BundleError), base_dir=base)
             loaded.path = path.absolute()  # its name; the weights (mapped, or read in) came from ``base``
             if loaded.fingerprint != self.manifest[section].get("sha256"):  # the weights read once: name the file

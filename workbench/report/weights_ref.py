@@ -67,12 +67,10 @@ def check_contents(entries: list, base: Path) -> None:
                                      "use the exact weight files the comparison ran on")
 
 
-def find_weights(entries: list, graph_dir: Path, given: str | os.PathLike | None, what: str,
-                 contents: bool = True) -> Path:
-    """The folder holding every referenced weight file at its recorded size and sha256 (see the module doc).
-    ``contents=False``: at its recorded size only, the caller checking the content otherwise (the model's
-    fingerprint covers every weight file: a rerun reads the weights once, and calls :func:`check_contents` only
-    to name the file when the fingerprint differs)."""
+def find_weights(entries: list, graph_dir: Path, given: str | os.PathLike | None, what: str) -> Path:
+    """The folder holding every referenced weight file at its recorded size (see the module doc). Their content is
+    the caller's to check: the model's fingerprint covers every weight file, so a rerun reads the weights once and
+    calls :func:`check_contents` only to name the file when the fingerprint differs."""
     if not isinstance(entries, list) or not all(
             isinstance(e, dict) and isinstance(e.get("location"), str) and isinstance(e.get("sha256"), str)
             and isinstance(e.get("size"), int) for e in entries):
@@ -90,8 +88,6 @@ def find_weights(entries: list, graph_dir: Path, given: str | os.PathLike | None
             raise BundleError(f"{what}: a referenced weight file is not a plain relative location ({e.message})")\
                 from None
         if all(f.is_file() and f.stat().st_size == e["size"] for f, e in zip(files, entries)):
-            if contents:
-                check_contents(entries, base)
             return base
         if given is not None and base == places[0]:
             missing = [e["location"] for f, e in zip(files, entries) if not f.is_file()]
