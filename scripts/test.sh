@@ -12,8 +12,9 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 ruff check .
 # Four test workers on two cores: the JupyterLab modules run on one of them (tests/conftest.py) and mostly wait on the
-# browser and the kernel, the other three keep the cores busy meanwhile (and get their share of a machine another job
-# is busy on: 11:29 instead of 14:19 for two workers next to a busy loop). One ONNX Runtime thread per session (ORT's
-# idle threads spin on a shared machine); a caller's own value is kept. Scopes go out in conftest.py's order.
+# browser and the kernel, the other three keep the cores busy meanwhile (and get their share of a machine another
+# job is busy on: 10:54-11:45 instead of 14:19 for two workers next to a busy loop). One ONNX Runtime thread per
+# session (ORT's idle threads spin on a shared machine); a caller's own value is kept. Scopes go out in conftest.py's
+# order.
 export WORKBENCH_ORT_THREADS=${WORKBENCH_ORT_THREADS:-1}
 python -m pytest -n 4 --dist loadscope --no-loadscope-reorder --timeout 600 "$@"

@@ -33,7 +33,7 @@ GPU_HINT = ("pip uninstall onnxruntime && pip install onnxruntime-gpu on a machi
 #: above this many marked outputs the CPU memory arena is off by default (memory_arena=None)
 MANY_OUTPUTS = 16
 #: environment variable: intra-op threads of every ONNX Runtime session not given ``threads`` (default: ORT's own,
-#: one per core). Set it where several jobs share the cores (a CI runner, ``scripts/test.sh``'s two test workers):
+#: one per core). Set it where several jobs share the cores (a CI runner, ``scripts/test.sh``'s test workers):
 #: ORT's threads spin while they wait, which costs a shared machine more than the parallelism gains.
 THREADS_ENV = "WORKBENCH_ORT_THREADS"
 

@@ -601,7 +601,7 @@ class Bundle:
                                 f"{self.source.name}: {section.replace('_', ' ')}")
             loaded = load_model(read_capped(path, MAX_MODEL_BYTES, "model file", BundleError), base_dir=base)
             loaded.path = path.absolute()  # its name; the weights (mapped, or read in) came from ``base``
-            if loaded.fingerprint != self.manifest[section].get("sha256"):  # the weights read once: name the file
+            if loaded.fingerprint != entry.get("sha256"):  # the fingerprint read the weights: name the file
                 check_contents(entry["weights"], base)
         else:
             loaded = None
