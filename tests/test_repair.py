@@ -495,6 +495,8 @@ def test_a_target_met_by_undoing_most_of_the_int8_conversion_says_so(tmp_path, c
     text = capsys.readouterr().out
     doc = json.loads((tmp_path / "r.json").read_text())
     assert code == 0 and doc["met"], text
+    # a removed Q/DQ pair is not a rewrite: the printed result names it once, as removed
+    assert {r["kind"] for r in doc["repairs"]} == {"remove-qdq"} and "rewritten" not in text, text
     before, after = doc["weights"]["before"]["share"], doc["weights"]["after"]["share"]
     assert after < 0.5 * before, doc["weights"]
     note = [n for n in doc["notes"] if n.startswith("the target was met by undoing most of the INT8 conversion")]

@@ -100,7 +100,9 @@ class RepairResult:
         if len(self.kept) > KEPT_SHOWN:
             shown = f"{len(self.kept)} nodes: {shown}, ... (every one in --json / .to_json()['kept'])"
         lines.append(f"  {label}{best}: {shown}" + ("" if self.minimal or not self.kept else " (not proven 1-minimal)"))
-        rewrites = [r for r in self.repairs if r.get("kind") != "fp32-island"]
+        from .rewrites import KEPT_KINDS
+
+        rewrites = [r for r in self.repairs if r.get("kind") not in KEPT_KINDS]
         if rewrites:
             lines.append("  rewritten, kept in the candidate precision: " + "; ".join(
                 f"{safe_name(r['node'])} ({r['kind']}: {safe_name(r.get('detail', ''))})" for r in rewrites))
