@@ -191,3 +191,39 @@ def test_a_mean_target_is_judged_on_the_mean_over_the_feeds(cls_case):
     assert again.met and again.kept == strict.kept
     assert runs[0]["kept"] == ["Conv@0"] and not runs[0]["met"] and runs[0]["feeds"] < len(feeds), runs[0]
     assert all(e["feeds"] == len(feeds) for e in runs if e["met"])
+
+
+def test_int8_repair_folds_the_detectors_batchnorm_and_keeps_every_node_int8(tmp_path, fetch_model):
+    """The PP-OCRv4 detector's INT8 variant reads no held-out page's text mask as the FP32 model does: a
+    BatchNormalization left after its Conv (running variances up to 9.8e7) puts a Q/DQ pair on the Conv's raw
+    output. Repair folds the BatchNormalizations into their Convs and quantizes again: no Q/DQ pair is removed,
+    every page's mask reads as in FP32 (re-checked here on onnxruntime, masks decoded by scripts/int8_qdq_truth.py),
+    and the result names each fold. On a Q/DQ file of the user's own, which it cannot quantize again, the search
+    dequantizes around that BatchNormalization and says a fold could keep it INT8."""
+    from workbench.repair.api import repair
+
+    fp32 = Q.prepare(fetch_model("ppocr-det"), tmp_path / "det.fp32.onnx")
+    calib, held = Q.calib_feeds("det", "text"), Q.heldout_feeds("det", 8)
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(fp32), "ort", "ort:int8", feeds=held, calibration=calib, metric=Q.healthy_det, target=">=1",
+                 verify=None, out=out)
+    assert res.met and not res.before["met"] and res.kept == [], res.render()
+    folds = {r["node"]: r.get("into") for r in res.repairs if r["kind"] == "fold-bn"}
+    assert folds.get("p2o.BatchNormalization.1") == "p2o.Conv.61", res.repairs
+    assert {r["kind"] for r in res.repairs} == {"fold-bn"}
+    assert "p2o.BatchNormalization.1 (fold-bn: folded into p2o.Conv.61 before quantization)" in res.render()
+    fixed = onnx.load(str(out))
+    assert not {n.name for n in fixed.graph.node} & set(folds)
+    conv = next(n for n in fixed.graph.node if n.name == "p2o.Conv.61")
+    reads = {o: n.op_type for n in fixed.graph.node for o in n.output}
+    assert all(reads.get(i) == "DequantizeLinear" for i in conv.input), "the folded Conv computes in INT8"
+    ref, cand = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (fp32, out))
+    assert all(Q.task_score("det", [ref.run(None, f)[0]], [cand.run(None, f)[0]])["healthy"] for f in held)
+    # a user's own Q/DQ file (ONNX Runtime's quantize_static, per channel) cannot be quantized again with its recipe:
+    # the search dequantizes around the BatchNormalization and the result says a fold could keep it INT8
+    qdq = Q.quantize(fp32, tmp_path / "det.qdq.onnx", calib, "MinMax", True)
+    theirs = repair(str(fp32), "ort", "ort", cand_model=str(qdq), feeds=held, metric=Q.healthy_det, target=">=1",
+                    verify=None)
+    assert theirs.met and "p2o.BatchNormalization.1" in theirs.kept, theirs.render()
+    assert any("p2o.BatchNormalization.1 (after p2o.Conv.61)" in n and "quant_pre_process" in n
+               for n in theirs.notes), theirs.notes

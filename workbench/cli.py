@@ -783,8 +783,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", default="auto", metavar="ENGINE", help="independent engine the repaired model is "
                    "verified on besides the candidate's (default auto: ref, onnx's evaluator in the model's own types, "
                    "for FP16/BF16; onnxruntime with graph optimizations off, Q/DQ unfused, for INT8; none: skip)")
-    p.add_argument("--no-rewrites", action="store_true", help="FP32 islands only: do not first try rewrites that "
-                   "keep a culprit in FP16 (a clamped constant restored, a BatchNormalization folded or rescaled)")
+    p.add_argument("--no-rewrites", action="store_true", help="islands only (FP32 islands, Q/DQ pairs removed): do "
+                   "not first try rewrites that keep a culprit in FP16 (a clamped constant restored, a "
+                   "BatchNormalization folded or rescaled) or in INT8 (BatchNormalizations folded into their Convs "
+                   "before quantizing)")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
                    help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",

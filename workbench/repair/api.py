@@ -88,7 +88,9 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     ``workers``/``executor``: evaluate the search's candidate sets on N local processes or on Ray
     (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. ``rewrites``: for FP16 candidates, first
     try rewrites that keep culprits in the candidate precision (:mod:`workbench.repair.rewrites`: a clamped constant
-    restored, a BatchNormalization folded or rescaled), islands only for what they leave. Other keywords are
+    restored, a BatchNormalization folded or rescaled), islands only for what they leave; for the INT8 variant of an
+    FP32 model, first try its BatchNormalizations folded into their Convs and the model quantized again
+    (:mod:`workbench.repair.qdq_fold`). Other keywords are
     compare() options (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``, ``impact``, ``memory_budget``,
     ...).
     Raises :class:`~workbench.repair.graph.RepairError` (a WorkbenchError) on bad input.
@@ -278,20 +280,29 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     cand_outputs = {o.name for o in plan.cand_model.graph.output}
     outputs = [(o, o if o in cand_outputs else plan.candidate_name(o)) for o in plan.ref_graph.outputs]
     t1 = time.perf_counter()
-    workers = scratch = spill = None
+    workers = scratch = None
+    spills: list = []  # each builder's weight files (the candidate's, and the folded candidate's)
     ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85))
     rewritten: list = []
     try:
-        spill = _spill_weights(builder)
+        spills.append(_spill_weights(builder))
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
         start = 1
-        if builder.kind == "qdq" and nodes is None and not before.met:
-            pool, start = _order_qdq(ev, builder, pool, before, notes, timing)
-        island_pool, base = pool, before
+        folds, base = [], before
+        if rewrites and nodes is None:  # INT8: BatchNormalizations folded, the FP32 model quantized again
+            from .qdq_fold import fold_first
+
+            folds, base = fold_first(ev, plan, before, notes, timing)
+            if folds:
+                spills.append(_spill_weights(ev.builder))
+        if builder.kind == "qdq" and nodes is None and not base.met:
+            pool, start = _order_qdq(ev, ev.builder, pool, base, notes, timing)
+        island_pool = pool
         if rewrites:  # rewrites first: they keep the nodes in the candidate precision
-            rewritten, island_pool, base = rewrite_first(ev, pool, before, notes)
+            rewritten, island_pool, base = rewrite_first(ev, pool, base, notes)
+        rewritten = folds + rewritten
         if spec.kind != "serial":
             from .parallel import RepairWorkers
 
@@ -304,7 +315,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             rewritten, island_pool = [], pool
             ev.rebase(builder)
             ev.workers = None  # the workers hold the rewritten model: serial from here
+            if folds:  # the pool was ordered on the folded model
+                pool, _ = _order_qdq(ev, builder, pool, before, notes, timing)
             kept, minimal = search(ev, pool, before)
+        spill = spills[-1] if ev.builder is not builder else spills[0]
         builder = ev.builder
         timing["search_s"] = time.perf_counter() - t1
         if kept is not None and not kept and not rewritten and before.met:  # the candidate as converted, judged
@@ -323,8 +337,9 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             ev.notes += workers.notes
             workers.close()
             scratch.cleanup()
-        if spill is not None:
-            spill.cleanup()
+        for spill in spills:
+            if spill is not None:
+                spill.cleanup()
     # the search's sessions and builds are gone but partly held in reference cycles (engines, closures): collected
     # now, before the independent check builds a session of its own (on a 0.9 GB decoder's FP16-arithmetic
     # search, 2.6 GB was garbage at that point)
@@ -333,6 +348,12 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         notes.append("no set of the pool met the target: reporting the closest set found")
         kept = final.kept
     notes += ev.notes
+    if builder.kind == "qdq" and final.met:
+        from .qdq_fold import unfolded_note
+
+        unfolded = unfolded_note(plan, kept)
+        if unfolded:
+            notes.append(unfolded)
     t2 = time.perf_counter()
     independent = _independent(plan, repaired, ev, builder.kind, verify)
     if independent.get("note"):

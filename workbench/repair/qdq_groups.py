@@ -85,7 +85,7 @@ def order_by_groups(ev, builder: IslandBuilder, pool: Sequence[str], baseline, n
         return nodes, {"measured": 0, "blocks": 0, "seconds": round(time.perf_counter() - t0, 3),
                        "all_float_met": False}
     feeds = plan.cand_feeds
-    with plan.cand_engine.prepare(plan.cand_model, outs) as session:
+    with plan.cand_engine.prepare(builder.candidate, outs) as session:
         base_runs = [session.run(f) for f in feeds]
     per_feed = [score([i], [r]) for i, r in enumerate(base_runs)]
     probes = sorted(range(len(feeds)), key=lambda i: per_feed[i], reverse=True)[:PROBES]
