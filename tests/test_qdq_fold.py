@@ -57,3 +57,72 @@ def test_only_pairs_that_fold_are_folded():
     assert foldable_batchnorms(_model(shared_conv_output=True))[0][0].name == "bn1"
     assert len(foldable_batchnorms(_model(shared_conv_output=True))) == 1
     assert [bn.name for bn, _ in foldable_batchnorms(_model(transpose_group=2))] == ["bn0"]
+
+
+def _same_function(model: onnx.ModelProto, folded: onnx.ModelProto, shape=(1, 3, 8, 8)) -> None:
+    x = {"x": np.random.default_rng(2).normal(0, 1, shape).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, x)
+    got = ort.InferenceSession(folded.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)
+    for w, g in zip(want, got):
+        assert np.abs(w).max() > 0.1
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+def _conv_bn(x: str, y: str, w: str, bn: str, c: int, rng, epsilon: float | None = 1e-3, var=(1e2, 1e6)):
+    """A Conv reading ``w`` (no bias) then a BatchNormalization named ``bn``: (nodes, its parameters)."""
+    p = f"{y}_p"
+    inits = [numpy_helper.from_array(rng.uniform(*a, c).astype(np.float32), f"{p}{k}")
+             for k, a in enumerate([(0.5, 2.0), (-1, 1), (-5, 5), var])]
+    kw = {} if epsilon is None else {"epsilon": epsilon}
+    return [helper.make_node("Conv", [x, w], [f"{y}_c"], name=f"conv_{y}", pads=[1, 1, 1, 1]),
+            helper.make_node("BatchNormalization", [f"{y}_c", *(t.name for t in inits)], [y], name=bn, **kw)], inits
+
+
+def test_epsilon_default_shared_weights_constant_nodes_and_duplicate_names():
+    """Two Convs share one weight held by a Constant node, each followed by its own BatchNormalization (both named
+    "bn", no epsilon attribute, variances near 0 where the default epsilon 1e-5 counts): both fold, into two new
+    weights, the Constant and the BatchNormalization parameters are pruned, value_info of the Convs' old outputs
+    is dropped, and the folded model computes the original (onnx's reference evaluator)."""
+    rng = np.random.default_rng(3)
+    weight = helper.make_node("Constant", [], ["w"], name="w_const",
+                              value=numpy_helper.from_array(rng.uniform(-1, 1, (3, 3, 3, 3)).astype(np.float32), "w"))
+    n1, i1 = _conv_bn("x", "y1", "w", "bn", 3, rng, epsilon=None, var=(1e-6, 1e-4))
+    n2, i2 = _conv_bn("x", "y2", "w", "bn", 3, rng, epsilon=None, var=(1e-6, 1e-4))
+    out = [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 3, 8, 8]) for y in ("y1", "y2")]
+    graph = helper.make_graph([weight, *n1, *n2], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                        [1, 3, 8, 8])], out, i1 + i2)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert {v.name for v in model.graph.value_info} >= {"y1_c", "y2_c"}
+    pairs = foldable_batchnorms(model)
+    assert [conv.name for _, conv in pairs] == ["conv_y1", "conv_y2"]
+    folded, rewrites = fold_batchnorms(model, pairs)
+    onnx.checker.check_model(folded, full_check=True)
+    assert [n.op_type for n in folded.graph.node] == ["Conv", "Conv"] and len(rewrites) == 2
+    assert len({n.input[1] for n in folded.graph.node}) == 2  # a folded weight of its own for each Conv
+    assert not {v.name for v in folded.graph.value_info} & {"y1_c", "y2_c"}
+    assert len(folded.graph.initializer) == 4  # two weights, two biases: nothing of the originals left
+    _same_function(model, folded)
+
+
+def test_parameters_not_one_per_channel_or_training_mode_stay_unfolded():
+    rng = np.random.default_rng(4)
+    nodes, inits = _conv_bn("x", "y", "w", "bn", 3, rng)
+    w = numpy_helper.from_array(rng.uniform(-1, 1, (3, 3, 3, 3)).astype(np.float32), "w")
+
+    def model_with(bn_attrs=None, scale_dims=None):
+        ps = [onnx.TensorProto() for _ in inits]
+        for p, t in zip(ps, inits):
+            p.CopyFrom(t)
+        if scale_dims is not None:
+            ps[0].CopyFrom(numpy_helper.from_array(np.ones(scale_dims, np.float32), ps[0].name))
+        bn = onnx.NodeProto()
+        bn.CopyFrom(nodes[1])
+        bn.attribute.extend(helper.make_attribute(k, v) for k, v in (bn_attrs or {}).items())
+        graph = helper.make_graph([nodes[0], bn], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, *ps])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+
+    assert len(foldable_batchnorms(model_with())) == 1
+    assert foldable_batchnorms(model_with({"training_mode": 1})) == []
+    assert foldable_batchnorms(model_with(scale_dims=[1])) == []
+    assert foldable_batchnorms(model_with(), skip=["bn"]) == [] == foldable_batchnorms(model_with(), skip=["conv_y"])

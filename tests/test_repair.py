@@ -497,6 +497,9 @@ def test_a_target_met_by_undoing_most_of_the_int8_conversion_says_so(tmp_path, c
     assert code == 0 and doc["met"], text
     # a removed Q/DQ pair is not a rewrite: the printed result names it once, as removed
     assert {r["kind"] for r in doc["repairs"]} == {"remove-qdq"} and "rewritten" not in text, text
+    # its two BatchNormalizations folded before quantization still miss this target: tried, said, not applied
+    assert any(n.startswith("2 BatchNormalization(s) folded into their Conv before quantization") and
+               n.endswith(": not applied") for n in doc["notes"]), doc["notes"]
     before, after = doc["weights"]["before"]["share"], doc["weights"]["after"]["share"]
     assert after < 0.5 * before, doc["weights"]
     note = [n for n in doc["notes"] if n.startswith("the target was met by undoing most of the INT8 conversion")]
@@ -650,3 +653,32 @@ def test_a_candidate_that_already_meets_the_target_is_written_as_converted_and_j
         [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in written.graph.input}
     ref = ort_run(SAMPLES / "healthy_cnn.onnx", [feed])[0][0]
     assert sqnr_db(ref, ort_run(written, [feed])[0][0]) > 30  # the written FP16 model computes the FP32 answer
+
+
+def test_a_users_qdq_file_that_keeps_a_batchnorm_is_told_a_fold_could_keep_it_int8(tmp_path, capsys):
+    """A Q/DQ file of the user's own (ONNX Runtime's quantize_static, here on the sample CNN whose two Convs feed
+    BatchNormalizations) cannot be quantized again with its recipe: when the search keeps such a BatchNormalization
+    the result names it and says how a fold before quantizing could keep it INT8."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    model = SAMPLES / "healthy_cnn.onnx"
+    shape = [d.dim_value or 1 for d in onnx.load(str(model)).graph.input[0].type.tensor_type.shape.dim]
+    name = onnx.load(str(model)).graph.input[0].name
+    feeds = iter([{name: np.random.default_rng(i).normal(0, 1, shape).astype(np.float32)} for i in range(4)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):
+            return next(feeds, None)
+
+    qdq = tmp_path / "theirs.qdq.onnx"
+    quantize_static(str(model), str(qdq), Reader(), quant_format=QuantFormat.QDQ, per_channel=True)
+    code = main(["repair", str(model), "--cand", "ort", "--cand-model", str(qdq), "--feeds", "2", "--target",
+                 "sqnr_db<60", "--verify", "none", "--out", str(tmp_path / "fixed.onnx"), "--json",
+                 str(tmp_path / "r.json")])
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and doc["met"] and "/stage1/bn/BatchNormalization" in doc["kept"], doc["kept"]
+    note = [n for n in doc["notes"] if "follow their Conv unfused" in n]
+    assert note and "/stage1/bn/BatchNormalization (after /stage1/conv/Conv)" in note[0], doc["notes"]
+    assert "quant_pre_process" in note[0] and "--cand ort:int8" in note[0]
+    assert not any(r["kind"] == "fold-bn" for r in doc["repairs"])  # nothing folded in a file it cannot requantize

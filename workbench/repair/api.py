@@ -281,7 +281,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     outputs = [(o, o if o in cand_outputs else plan.candidate_name(o)) for o in plan.ref_graph.outputs]
     t1 = time.perf_counter()
     workers = scratch = None
-    spills: list = []  # each builder's weight files (the candidate's, and the folded candidate's)
+    spills: list = []  # the builder's weight files
     ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85))
     rewritten: list = []
     try:
@@ -291,12 +291,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
                                                                     limit=max_pool, notes=notes)
         start = 1
         folds, base = [], before
-        if rewrites and nodes is None:  # INT8: BatchNormalizations folded, the FP32 model quantized again
-            from .qdq_fold import fold_first
+        if rewrites and nodes is None:  # INT8: BatchNormalizations folded, the FP32 model quantized again; kept
+            from .qdq_fold import fold_first  # only when that meets the target (nothing is searched on it)
 
             folds, base = fold_first(ev, plan, before, notes, timing)
-            if folds:
-                spills.append(_spill_weights(ev.builder))
         if builder.kind == "qdq" and nodes is None and not base.met:
             pool, start = _order_qdq(ev, ev.builder, pool, base, notes, timing)
         island_pool = pool
@@ -315,14 +313,14 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             rewritten, island_pool = [], pool
             ev.rebase(builder)
             ev.workers = None  # the workers hold the rewritten model: serial from here
-            if folds:  # the pool was ordered on the folded model
-                pool, _ = _order_qdq(ev, builder, pool, before, notes, timing)
             kept, minimal = search(ev, pool, before)
-        spill = spills[-1] if ev.builder is not builder else spills[0]
+        spill = spills[0]  # the candidate's (a folded candidate is returned as judged, never built from)
         builder = ev.builder
         timing["search_s"] = time.perf_counter() - t1
         if kept is not None and not kept and not rewritten and before.met:  # the candidate as converted, judged
             final, repaired = before, plan.cand_model
+        elif kept is not None and not kept and folds:  # the folded model as quantized, judged on every feed
+            final, repaired = base, ev.builder.candidate
         else:
             final, repaired = _verify_on_candidate(ev, builder, kept, spill)
         if kept is not None and not final.met and any(e.how == "switch" for e in ev.evaluations):

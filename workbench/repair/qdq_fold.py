@@ -19,68 +19,88 @@ Else the search goes on from the candidate as converted, as without it: searchin
 failed fewer feeds left more float weight bytes on a recognizer (10 MB instead of 5.4 MB), and a cheaper test of
 whether the fold can pay was not found (with the Q/DQ pairs around both of the detector's BatchNormalizations
 removed, more float than the fold leaves, one page still fails; the fold heals every page). The attempt costs a
-quantization (1.5-3 s on the PP-OCR models) where it does not pay.
+quantization and a run on every feed (1.5-3 s on the PP-OCR models) where it does not pay. Pairs the user keeps in
+FP32 (``keep_fp32``) are left unfolded.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..model.mapped import tensor_array
-from .graph import PREFIX, constants, use_counts
+from .graph import PREFIX, Names, constants, prune, use_counts
 from .rewrites import Rewrite
 
 log = logging.getLogger(__name__)
 
 
-def foldable_batchnorms(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
+def foldable_batchnorms(model: onnx.ModelProto, skip: Iterable[str] = ()
+                        ) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
     """(BatchNormalization, the Conv before it) pairs of the main graph that fold: an inference-mode
-    BatchNormalization (one output) with float constant parameters, reading the output of a Conv (or a group-1
-    ConvTranspose) with a float constant weight (and bias) that nothing else reads and that is no graph output."""
+    BatchNormalization (one output, no ``training_mode``) whose four parameters are float constants of one value per
+    output channel, reading the output of a Conv (or a group-1 ConvTranspose) of the standard domain with a float
+    constant weight (and bias), an output that nothing else reads and that is no graph output. ``skip``: node names
+    (BatchNormalization or Conv) left as they are (nodes the user keeps in FP32)."""
     g = model.graph
     consts = constants(model)
     producer = {o: n for n in g.node for o in n.output if o}
     uses = use_counts(g)
+    skip = set(skip)
 
-    def const(name: str) -> bool:
+    def const(name: str, dims: list[int] | None = None) -> bool:
         t = consts.get(name)
-        return t is not None and t.data_type == TensorProto.FLOAT
+        return t is not None and t.data_type == TensorProto.FLOAT and (dims is None or list(t.dims) == dims)
 
     pairs = []
     for bn in g.node:
-        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or not bn.name:
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or not bn.name or bn.name in skip:
             continue
-        if len(bn.input) < 5 or len([o for o in bn.output if o]) != 1 or not all(const(t) for t in bn.input[1:5]):
+        if len(bn.input) < 5 or len([o for o in bn.output if o]) != 1 or \
+                any(a.name == "training_mode" and a.i for a in bn.attribute):
             continue
         conv = producer.get(bn.input[0])
-        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 or not conv.name:
+        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in ("", "ai.onnx") \
+                or len(conv.input) < 2 or not conv.name or conv.name in skip:
             continue
         if conv.op_type == "ConvTranspose" and next((a.i for a in conv.attribute if a.name == "group"), 1) != 1:
             continue
         if uses.get(bn.input[0], 0) != 1 or not const(conv.input[1]):
             continue
-        if len(conv.input) > 2 and conv.input[2] and not const(conv.input[2]):
+        w = consts[conv.input[1]]
+        if len(w.dims) < 3:
+            continue
+        channels = int(w.dims[1 if conv.op_type == "ConvTranspose" else 0])
+        if not all(const(t, [channels]) for t in bn.input[1:5]):
+            continue
+        if len(conv.input) > 2 and conv.input[2] and not const(conv.input[2], [channels]):
             continue
         pairs.append((bn, conv))
     return pairs
 
 
 def fold_batchnorms(model: onnx.ModelProto, pairs) -> tuple[onnx.ModelProto, list[Rewrite]]:
-    """A copy of ``model`` with each (BatchNormalization, Conv) of ``pairs`` folded (the Conv takes the
-    BatchNormalization's output name and new constants; every other name is kept), and the rewrites done."""
+    """A copy of ``model`` with each (BatchNormalization, Conv) of ``pairs`` (nodes of ``model``'s main graph)
+    folded: the Conv reads new constants and takes the BatchNormalization's output name; every other name is kept,
+    and constants nothing reads any more are removed. -> (the copy, the rewrites done)."""
+    from ..model.graph import sort_nodes
+
+    position = {id(n): i for i, n in enumerate(model.graph.node)}
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
+    before = use_counts(g)
     consts = constants(out)
-    by_name = {n.name: n for n in g.node if n.name}
-    rewrites, gone = [], set()
-    for bn_ref, conv_ref in pairs:
-        bn, conv = by_name[bn_ref.name], by_name[conv_ref.name]
+    names = Names({t.name for t in g.initializer} | {o for n in g.node for o in n.output} |
+                  {i.name for i in g.input})
+    rewrites, gone, stale = [], set(), set()
+    for bn_src, conv_src in pairs:
+        bn, conv = g.node[position[id(bn_src)]], g.node[position[id(conv_src)]]
         scale, beta, mean, var = (tensor_array(consts[t]).astype(np.float64) for t in bn.input[1:5])
         eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
         s = scale / np.sqrt(var + eps)
@@ -90,25 +110,23 @@ def fold_batchnorms(model: onnx.ModelProto, pairs) -> tuple[onnx.ModelProto, lis
         shape[axis] = -1
         b = (tensor_array(consts[conv.input[2]]).astype(np.float64).ravel()
              if len(conv.input) > 2 and conv.input[2] else np.zeros(w.shape[axis]))
-        new_w, new_b = f"{conv.input[1]}::{PREFIX}_fold", f"{conv.name}/bias::{PREFIX}_fold"
+        new_w, new_b = names(f"{conv.input[1]}::{PREFIX}_fold"), names(f"{conv.name}/bias::{PREFIX}_fold")
         g.initializer.append(numpy_helper.from_array((w * s.reshape(shape)).astype(np.float32), new_w))
         g.initializer.append(numpy_helper.from_array(((b - mean) * s + beta).astype(np.float32), new_b))
         conv.input[:] = [conv.input[0], new_w, new_b]
+        stale.add(conv.output[0])  # the Conv's own output: no tensor any more
         conv.output[0] = bn.output[0]
-        gone.add(bn.name)
+        gone.add(position[id(bn_src)])
         rewrites.append(Rewrite(bn.name, "fold-bn", f"folded into {conv.name} before quantization", into=conv.name,
                                 remove=bn.name))
-    stale = {conv.output[0] for _, conv in pairs}  # the Convs' own outputs: no tensor any more
     kept_info = [v for v in g.value_info if v.name not in stale]
     del g.value_info[:]
     g.value_info.extend(kept_info)
-    kept = [n for n in g.node if n.name not in gone]
+    kept = [n for i, n in enumerate(g.node) if i not in gone]
     del g.node[:]
     g.node.extend(kept)
-    used = use_counts(g)
-    live = [t for t in g.initializer if used.get(t.name, 0) > 0]
-    del g.initializer[:]
-    g.initializer.extend(live)
+    prune(g, before)  # the old weights, biases and BatchNormalization parameters, initializers or Constant nodes
+    sort_nodes(out)
     return out, rewrites
 
 
@@ -121,18 +139,21 @@ def fold_first(ev, plan, baseline, notes: list[str], timing: dict):
     if ev.builder.kind != "qdq" or baseline.met or plan.cand_source is not None \
             or plan.cand_spec.variant != "int8" or plan.ref_spec.variant != "fp32":
         return [], baseline
-    pairs = foldable_batchnorms(plan.ref_model)
+    pairs = foldable_batchnorms(plan.ref_model, skip=plan.options.keep_fp32 or ())
     if not pairs:
         return [], baseline
     t0 = time.perf_counter()
     folded, rewrites = fold_batchnorms(plan.ref_model, pairs)
     try:
         candidate = plan.variant_of(folded, plan.cand_spec).model
-    except Exception as e:  # noqa: BLE001 - the quantizer's errors on a graph it took unfolded
+        evaluation = ev.evaluate([f"fold-bn:{rw.node}" for rw in rewrites], model=candidate, role="rewrite")
+    except Exception as e:  # noqa: BLE001 - the quantizer's (assorted) or the engine's error on the folded graph
+        log.info("fold before quantization failed", exc_info=True)
+        timing["fold_s"] = round(time.perf_counter() - t0, 3)
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         notes.append(f"folding {len(pairs)} BatchNormalization(s) before quantization was not tried: the folded "
-                     f"model did not quantize ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})")
+                     f"model could not be quantized or run ({why}); searched the candidate as converted")
         return [], baseline
-    evaluation = ev.evaluate([f"fold-bn:{rw.node}" for rw in rewrites], model=candidate, role="rewrite")
     timing["fold_s"] = round(time.perf_counter() - t0, 3)
     if not evaluation.met:
         names = ", ".join(rw.node for rw in rewrites[:4]) + (", ..." if len(rewrites) > 4 else "")
