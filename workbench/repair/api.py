@@ -280,12 +280,11 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     cand_outputs = {o.name for o in plan.cand_model.graph.output}
     outputs = [(o, o if o in cand_outputs else plan.candidate_name(o)) for o in plan.ref_graph.outputs]
     t1 = time.perf_counter()
-    workers = scratch = None
-    spills: list = []  # the builder's weight files
+    workers = scratch = spill = None
     ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85))
     rewritten: list = []
     try:
-        spills.append(_spill_weights(builder))
+        spill = _spill_weights(builder)  # a folded candidate is returned as judged, never built from
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
@@ -314,7 +313,6 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             ev.rebase(builder)
             ev.workers = None  # the workers hold the rewritten model: serial from here
             kept, minimal = search(ev, pool, before)
-        spill = spills[0]  # the candidate's (a folded candidate is returned as judged, never built from)
         builder = ev.builder
         timing["search_s"] = time.perf_counter() - t1
         if kept is not None and not kept and not rewritten and before.met:  # the candidate as converted, judged
@@ -335,9 +333,8 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             ev.notes += workers.notes
             workers.close()
             scratch.cleanup()
-        for spill in spills:
-            if spill is not None:
-                spill.cleanup()
+        if spill is not None:
+            spill.cleanup()
     # the search's sessions and builds are gone but partly held in reference cycles (engines, closures): collected
     # now, before the independent check builds a session of its own (on a 0.9 GB decoder's FP16-arithmetic
     # search, 2.6 GB was garbage at that point)
