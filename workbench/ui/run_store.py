@@ -19,13 +19,14 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from .._user_cache import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,6 @@ SAVED_KINDS = ("comparison", "calibration", "repair", "dataset")
 
 _PENDING: set[threading.Thread] = set()
 _LOCK = threading.Lock()
-
-
-def user_cache_dir() -> Path:
-    """The user's cache folder on this platform."""
-    if sys.platform.startswith("win"):
-        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def runs_dir() -> Path:
