@@ -13,7 +13,7 @@ fi
 ruff check .
 # Four test workers on two cores: the JupyterLab modules run on one of them (tests/conftest.py) and mostly wait on the
 # browser and the kernel, the other three keep the cores busy meanwhile (and get their share of a machine another
-# job is busy on: 10:54-11:45 instead of 14:19 for two workers next to a busy loop). One ONNX Runtime thread per
+# job is busy on: 10:54-12:40 instead of 14:19 for two workers next to a busy loop). One ONNX Runtime thread per
 # session (ORT's idle threads spin on a shared machine); a caller's own value is kept. Scopes go out in conftest.py's
 # order.
 export WORKBENCH_ORT_THREADS=${WORKBENCH_ORT_THREADS:-1}
