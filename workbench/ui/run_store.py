@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .._user_cache import user_cache_dir
+from .._user_cache import APP, user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ _LOCK = threading.Lock()
 def runs_dir() -> Path:
     """Where runs are saved: ``$WORKBENCH_RUNS_DIR`` or the user cache's ``onnx-drift-workbench/runs``."""
     env = os.environ.get(RUNS_ENV, "").strip()
-    return Path(env).expanduser() if env else user_cache_dir() / "onnx-drift-workbench" / "runs"
+    return Path(env).expanduser() if env else user_cache_dir() / APP / "runs"
 
 
 def keep_count() -> int:
