@@ -138,6 +138,51 @@ def test_bf16_and_int8_floors_match_independent_roundings():
     assert stats["share_over_max"] == pytest.approx(np.mean((q < -128.5) | (q > 127.5)))  # the int8 grid's ends
 
 
+@pytest.mark.parametrize("qtype,axis", [(TensorProto.INT8, None), (TensorProto.UINT8, None), (TensorProto.UINT8, 1),
+                                        (TensorProto.INT16, 1)])
+def test_integer_floor_is_onnxruntimes_own_quantize_dequantize(qtype, axis):
+    """The integer grid a floor holds the reference on is what ONNX Runtime's QuantizeLinear -> DequantizeLinear
+    computes, value for value (ties, zero points, saturation, per-axis scales), and the counts are numpy's."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((2, 6, 40, 40)) * 4).astype(np.float32)
+    x[0, 0, 0, :8] = [0.0, -0.0, 0.05, 0.15, -0.05, 1e-6, 500.0, -500.0]  # ties at scale 0.1, tiny, past the ends
+    # halfway points in float32 arithmetic that float64 puts off the tie (0.35 / 0.1: 3.5 in float32, 3.4999999 in
+    # float64): the engine rounds what float32 gives
+    x[0, 0, 1, :] = (np.arange(40, dtype=np.float32) - 20 + np.float32(0.5)) * np.float32(0.1)
+    channels = 6 if axis == 1 else 1
+    scale = np.full(channels, 0.1, np.float32) if axis is None else rng.uniform(0.02, 0.6, channels).astype(np.float32)
+    scale[0] = np.float32(0.1)
+    np_type = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16}[qtype]
+    zp = rng.integers(-3, 4, channels) + (128 if qtype == TensorProto.UINT8 else 0)
+    zp = zp.astype(np_type)
+    attrs = {"axis": axis} if axis is not None else {}
+    shape = [channels] if axis is not None else []
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **attrs),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], **attrs)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+        [numpy_helper.from_array(scale.reshape(shape), "s"), numpy_helper.from_array(zp.reshape(shape), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    held_by_ort = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    name = {TensorProto.INT8: "int8", TensorProto.UINT8: "uint8", TensorProto.INT16: "int16"}[qtype]
+    fmt = NumberFormat(name, scale.astype(np.float64), zp.astype(np.float64), axis)
+    np.testing.assert_array_equal(fmt.represent(x), held_by_ort)
+    stats = FloorStats().add(x, fmt).summary()
+    lo, hi = fmt.bounds()
+    b = [1] * x.ndim
+    if axis is not None:
+        b[axis] = channels
+    q = np.rint(x.astype(np.float64) / scale.reshape(b)) + zp.astype(np.float64).reshape(b)
+    assert stats["share_over_max"] == pytest.approx(np.mean((q < lo) | (q > hi)))
+    assert stats["share_flushed"] == pytest.approx(np.mean((x != 0) & (held_by_ort == 0)))
+    assert stats["sqnr_db"] == pytest.approx(_sqnr(x, held_by_ort), abs=1e-3)
+
+
 def test_formats_follow_the_candidate_types_and_casts_back_to_float32():
     fp16 = convert_float_to_float16(onnx.load(str(CLAMP)), keep_io_types=True)
     inferred = infer_shapes_lenient(fp16)
