@@ -37,9 +37,10 @@ def _model(shared_conv_output: bool = False, transpose_group: int = 1) -> onnx.M
 
 def test_folded_model_computes_the_original():
     model = _model()
-    pairs = foldable_batchnorms(model)
-    assert [(bn.name, conv.name) for bn, conv in pairs] == [("bn0", "conv0"), ("bn1", "deconv1")]
-    folded, rewrites = fold_batchnorms(model, pairs)
+    rewrites = foldable_batchnorms(model)
+    assert [(rw.node, rw.into, rw.kind) for rw in rewrites] == [("bn0", "conv0", "fold-bn"),
+                                                                ("bn1", "deconv1", "fold-bn")]
+    folded = fold_batchnorms(model, rewrites)
     onnx.checker.check_model(folded, full_check=True)
     assert [n.op_type for n in folded.graph.node] == ["Conv", "ConvTranspose"]
     assert [r.to_json()["into"] for r in rewrites] == ["conv0", "deconv1"]
@@ -54,9 +55,8 @@ def test_folded_model_computes_the_original():
 
 def test_only_pairs_that_fold_are_folded():
     """A Conv output read elsewhere (here: a graph output) or a grouped ConvTranspose stays unfolded."""
-    assert foldable_batchnorms(_model(shared_conv_output=True))[0][0].name == "bn1"
-    assert len(foldable_batchnorms(_model(shared_conv_output=True))) == 1
-    assert [bn.name for bn, _ in foldable_batchnorms(_model(transpose_group=2))] == ["bn0"]
+    assert [rw.node for rw in foldable_batchnorms(_model(shared_conv_output=True))] == ["bn1"]
+    assert [rw.node for rw in foldable_batchnorms(_model(transpose_group=2))] == ["bn0"]
 
 
 def _same_function(model: onnx.ModelProto, folded: onnx.ModelProto, shape=(1, 3, 8, 8)) -> None:
@@ -78,30 +78,49 @@ def _conv_bn(x: str, y: str, w: str, bn: str, c: int, rng, epsilon: float | None
             helper.make_node("BatchNormalization", [f"{y}_c", *(t.name for t in inits)], [y], name=bn, **kw)], inits
 
 
-def test_epsilon_default_shared_weights_constant_nodes_and_duplicate_names():
-    """Two Convs share one weight held by a Constant node, each followed by its own BatchNormalization (both named
-    "bn", no epsilon attribute, variances near 0 where the default epsilon 1e-5 counts): both fold, into two new
-    weights, the Constant and the BatchNormalization parameters are pruned, value_info of the Convs' old outputs
-    is dropped, and the folded model computes the original (onnx's reference evaluator)."""
+def _shared_weight_model(bn_names=("bn_y1", "bn_y2")) -> onnx.ModelProto:
     rng = np.random.default_rng(3)
     weight = helper.make_node("Constant", [], ["w"], name="w_const",
                               value=numpy_helper.from_array(rng.uniform(-1, 1, (3, 3, 3, 3)).astype(np.float32), "w"))
-    n1, i1 = _conv_bn("x", "y1", "w", "bn", 3, rng, epsilon=None, var=(1e-6, 1e-4))
-    n2, i2 = _conv_bn("x", "y2", "w", "bn", 3, rng, epsilon=None, var=(1e-6, 1e-4))
+    n1, i1 = _conv_bn("x", "y1", "w", bn_names[0], 3, rng, epsilon=None, var=(1e-6, 1e-4))
+    n2, i2 = _conv_bn("x", "y2", "w", bn_names[1], 3, rng, epsilon=None, var=(1e-6, 1e-4))
     out = [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 3, 8, 8]) for y in ("y1", "y2")]
     graph = helper.make_graph([weight, *n1, *n2], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                                         [1, 3, 8, 8])], out, i1 + i2)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_epsilon_default_shared_weights_and_constant_nodes():
+    """Two Convs share one weight held by a Constant node, each followed by its own BatchNormalization (no epsilon
+    attribute, variances near 0 where the default epsilon 1e-5 counts): both fold, into two new weights, the
+    Constant and the BatchNormalization parameters are pruned, value_info of the Convs' old outputs is dropped, and
+    the folded model computes the original (onnx's reference evaluator)."""
+    model = _shared_weight_model()
     assert {v.name for v in model.graph.value_info} >= {"y1_c", "y2_c"}
-    pairs = foldable_batchnorms(model)
-    assert [conv.name for _, conv in pairs] == ["conv_y1", "conv_y2"]
-    folded, rewrites = fold_batchnorms(model, pairs)
+    rewrites = foldable_batchnorms(model)
+    assert [rw.into for rw in rewrites] == ["conv_y1", "conv_y2"]
+    folded = fold_batchnorms(model, rewrites)
     onnx.checker.check_model(folded, full_check=True)
-    assert [n.op_type for n in folded.graph.node] == ["Conv", "Conv"] and len(rewrites) == 2
+    assert [n.op_type for n in folded.graph.node] == ["Conv", "Conv"]
     assert len({n.input[1] for n in folded.graph.node}) == 2  # a folded weight of its own for each Conv
     assert not {v.name for v in folded.graph.value_info} & {"y1_c", "y2_c"}
     assert len(folded.graph.initializer) == 4  # two weights, two biases: nothing of the originals left
+    assert all(t.data_type == TensorProto.FLOAT for t in folded.graph.initializer)
+    assert all(v is None for rw in rewrites for v in rw.values.values())  # no second copy of the weights held
     _same_function(model, folded)
+
+
+def test_duplicate_names_are_left_unless_the_loader_named_them():
+    """Two BatchNormalizations both named "bn" are not folded by name (either could be meant); the workbench's
+    loader names them apart (as every model it loads), and then both fold."""
+    from workbench.model.load import name_nodes
+
+    model = _shared_weight_model(("bn", "bn"))
+    assert foldable_batchnorms(model) == []
+    name_nodes(model)
+    rewrites = foldable_batchnorms(model)
+    assert len(rewrites) == 2 and len({rw.node for rw in rewrites}) == 2
+    _same_function(model, fold_batchnorms(model, rewrites))
 
 
 def test_parameters_not_one_per_channel_or_training_mode_stay_unfolded():

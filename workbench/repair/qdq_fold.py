@@ -27,107 +27,54 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
-from ..model.mapped import tensor_array
-from .graph import PREFIX, Names, constants, prune, use_counts
-from .rewrites import Rewrite
+from .graph import constants
+from .rewrites import Rewrite, RewriteFinder, apply_rewrites
 
 log = logging.getLogger(__name__)
 
 
-def foldable_batchnorms(model: onnx.ModelProto, skip: Iterable[str] = ()
-                        ) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
-    """(BatchNormalization, the Conv before it) pairs of the main graph that fold: an inference-mode
-    BatchNormalization (one output, no ``training_mode``) whose four parameters are float constants of one value per
-    output channel, reading the output of a Conv (or a group-1 ConvTranspose) of the standard domain with a float
-    constant weight (and bias), an output that nothing else reads and that is no graph output. ``skip``: node names
-    (BatchNormalization or Conv) left as they are (nodes the user keeps in FP32)."""
+def foldable_batchnorms(model: onnx.ModelProto, skip: Iterable[str] = (), only: Iterable[str] | None = None
+                        ) -> list[Rewrite]:
+    """The ``fold-bn`` rewrite of every BatchNormalization of ``model``'s main graph that folds into the Conv
+    before it (:meth:`.rewrites.RewriteFinder.fold_bn` on the FP32 constants: inference mode, parameters one per
+    output channel, a Conv or group-1 ConvTranspose of the standard domain with constant weights whose output
+    nothing else reads and that is no graph output). ``skip``: node names (BatchNormalization or Conv) left as they
+    are (nodes the user keeps in FP32); ``only``: the BatchNormalizations to look at (default: all). Nodes whose
+    name is not unique are left too (the workbench's loader names every node uniquely). Each rewrite holds its
+    folded constants in float32 (one copy of the folded weights)."""
     g = model.graph
-    consts = constants(model)
-    producer = {o: n for n in g.node for o in n.output if o}
-    uses = use_counts(g)
-    skip = set(skip)
-
-    def const(name: str, dims: list[int] | None = None) -> bool:
-        t = consts.get(name)
-        return t is not None and t.data_type == TensorProto.FLOAT and (dims is None or list(t.dims) == dims)
-
-    pairs = []
+    count = Counter(n.name for n in g.node)
+    skip, only = set(skip), set(only) if only is not None else None
+    finder = RewriteFinder(model, constants(model), formats=(TensorProto.FLOAT,))
+    found = []
     for bn in g.node:
-        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or not bn.name or bn.name in skip:
+        if bn.op_type != "BatchNormalization" or not bn.name or bn.name in skip or count[bn.name] > 1 or \
+                (only is not None and bn.name not in only):
             continue
-        if len(bn.input) < 5 or len([o for o in bn.output if o]) != 1 or \
-                any(a.name == "training_mode" and a.i for a in bn.attribute):
+        rw = finder.fold_bn(bn, np.float32)
+        if rw is None or rw.into in skip or count[rw.into] > 1:
             continue
-        conv = producer.get(bn.input[0])
-        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in ("", "ai.onnx") \
-                or len(conv.input) < 2 or not conv.name or conv.name in skip:
-            continue
-        if conv.op_type == "ConvTranspose" and next((a.i for a in conv.attribute if a.name == "group"), 1) != 1:
-            continue
-        if uses.get(bn.input[0], 0) != 1 or not const(conv.input[1]):
-            continue
-        w = consts[conv.input[1]]
-        if len(w.dims) < 3:
-            continue
-        channels = int(w.dims[1 if conv.op_type == "ConvTranspose" else 0])
-        if not all(const(t, [channels]) for t in bn.input[1:5]):
-            continue
-        if len(conv.input) > 2 and conv.input[2] and not const(conv.input[2], [channels]):
-            continue
-        pairs.append((bn, conv))
-    return pairs
+        rw.detail = f"folded into {rw.into} before quantization"
+        rw.values = {k: v.astype(np.float32) for k, v in rw.values.items()}  # computed in float64, held in float32
+        found.append(rw)
+    return found
 
 
-def fold_batchnorms(model: onnx.ModelProto, pairs) -> tuple[onnx.ModelProto, list[Rewrite]]:
-    """A copy of ``model`` with each (BatchNormalization, Conv) of ``pairs`` (nodes of ``model``'s main graph)
-    folded: the Conv reads new constants and takes the BatchNormalization's output name; every other name is kept,
-    and constants nothing reads any more are removed. -> (the copy, the rewrites done)."""
-    from ..model.graph import sort_nodes
-
-    position = {id(n): i for i, n in enumerate(model.graph.node)}
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    g = out.graph
-    before = use_counts(g)
-    consts = constants(out)
-    names = Names({t.name for t in g.initializer} | {o for n in g.node for o in n.output} |
-                  {i.name for i in g.input})
-    rewrites, gone, stale = [], set(), set()
-    for bn_src, conv_src in pairs:
-        bn, conv = g.node[position[id(bn_src)]], g.node[position[id(conv_src)]]
-        scale, beta, mean, var = (tensor_array(consts[t]).astype(np.float64) for t in bn.input[1:5])
-        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-        s = scale / np.sqrt(var + eps)
-        w = tensor_array(consts[conv.input[1]]).astype(np.float64)
-        axis = 1 if conv.op_type == "ConvTranspose" else 0
-        shape = [1] * w.ndim
-        shape[axis] = -1
-        b = (tensor_array(consts[conv.input[2]]).astype(np.float64).ravel()
-             if len(conv.input) > 2 and conv.input[2] else np.zeros(w.shape[axis]))
-        new_w, new_b = names(f"{conv.input[1]}::{PREFIX}_fold"), names(f"{conv.name}/bias::{PREFIX}_fold")
-        g.initializer.append(numpy_helper.from_array((w * s.reshape(shape)).astype(np.float32), new_w))
-        g.initializer.append(numpy_helper.from_array(((b - mean) * s + beta).astype(np.float32), new_b))
-        conv.input[:] = [conv.input[0], new_w, new_b]
-        stale.add(conv.output[0])  # the Conv's own output: no tensor any more
-        conv.output[0] = bn.output[0]
-        gone.add(position[id(bn_src)])
-        rewrites.append(Rewrite(bn.name, "fold-bn", f"folded into {conv.name} before quantization", into=conv.name,
-                                remove=bn.name))
-    kept_info = [v for v in g.value_info if v.name not in stale]
-    del g.value_info[:]
-    g.value_info.extend(kept_info)
-    kept = [n for i, n in enumerate(g.node) if i not in gone]
-    del g.node[:]
-    g.node.extend(kept)
-    prune(g, before)  # the old weights, biases and BatchNormalization parameters, initializers or Constant nodes
-    sort_nodes(out)
-    return out, rewrites
+def fold_batchnorms(model: onnx.ModelProto, rewrites: list[Rewrite]) -> onnx.ModelProto:
+    """A copy of ``model`` with ``rewrites`` (:func:`foldable_batchnorms`) applied: each Conv reads new FP32
+    constants and takes its BatchNormalization's output name; every other name is kept, and constants nothing reads
+    any more are removed. The rewrites keep their tensor names only (the values live in the copy)."""
+    folded = apply_rewrites(model, rewrites, default=TensorProto.FLOAT)
+    for rw in rewrites:
+        rw.values = dict.fromkeys(rw.values)
+    return folded
 
 
 def fold_first(ev, plan, baseline, notes: list[str], timing: dict):
@@ -139,11 +86,11 @@ def fold_first(ev, plan, baseline, notes: list[str], timing: dict):
     if ev.builder.kind != "qdq" or baseline.met or plan.cand_source is not None \
             or plan.cand_spec.variant != "int8" or plan.ref_spec.variant != "fp32":
         return [], baseline
-    pairs = foldable_batchnorms(plan.ref_model, skip=plan.options.keep_fp32 or ())
-    if not pairs:
+    rewrites = foldable_batchnorms(plan.ref_model, skip=plan.options.keep_fp32 or ())
+    if not rewrites:
         return [], baseline
     t0 = time.perf_counter()
-    folded, rewrites = fold_batchnorms(plan.ref_model, pairs)
+    folded = fold_batchnorms(plan.ref_model, rewrites)
     try:
         candidate = plan.variant_of(folded, plan.cand_spec).model
         evaluation = ev.evaluate([f"fold-bn:{rw.node}" for rw in rewrites], model=candidate, role="rewrite")
@@ -151,7 +98,7 @@ def fold_first(ev, plan, baseline, notes: list[str], timing: dict):
         log.info("fold before quantization failed", exc_info=True)
         timing["fold_s"] = round(time.perf_counter() - t0, 3)
         why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        notes.append(f"folding {len(pairs)} BatchNormalization(s) before quantization was not tried: the folded "
+        notes.append(f"folding {len(rewrites)} BatchNormalization(s) before quantization was not tried: the folded "
                      f"model could not be quantized or run ({why}); searched the candidate as converted")
         return [], baseline
     timing["fold_s"] = round(time.perf_counter() - t0, 3)
@@ -170,7 +117,7 @@ def unfolded_note(plan, kept) -> str | None:
     could keep in INT8 (this repair cannot quantize the user's file again with their recipe)."""
     if plan.cand_source is None or plan.ref_spec.variant != "fp32" or not kept:
         return None
-    found = [(bn.name, conv.name) for bn, conv in foldable_batchnorms(plan.ref_model) if bn.name in set(kept)]
+    found = [(rw.node, rw.into) for rw in foldable_batchnorms(plan.ref_model, only=kept)]
     if not found:
         return None
     shown = ", ".join(f"{bn} (after {conv})" for bn, conv in found[:3]) + (", ..." if len(found) > 3 else "")

@@ -30,6 +30,10 @@ A rewrite changes constants only (plus, for ``fold-bn``, removes the BatchNormal
 tensor's name, and is always cheaper than an FP32 island: no node and no weight byte is left in high precision.
 :mod:`workbench.repair.api` tries the rewrites first and falls back to islands (``fp32-island``) only for what
 they do not fix.
+
+The same finder folds BatchNormalizations of an FP32 model before it is quantized (:mod:`.qdq_fold`:
+``RewriteFinder(model, constants(model), formats=(FLOAT,))``, :meth:`RewriteFinder.fold_bn` with ``np.float32``,
+:func:`apply_rewrites` with ``default=FLOAT``).
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ log = logging.getLogger(__name__)
 #: the kinds of a node kept in reference precision (an FP32 island; a Q/DQ candidate's node with its pairs removed)
 KEPT_KINDS = ("fp32-island", "remove-qdq")
 KINDS = ("restore-constant", "fold-bn", "rescale", "fold-scale", *KEPT_KINDS)
-_NP = {TensorProto.FLOAT16: np.float16}
+_NP = {TensorProto.FLOAT16: np.float16, TensorProto.FLOAT: np.float32}
+_STANDARD = ("", "ai.onnx")
 #: folded weights must keep this SQNR (dB) in the low precision, or the fold would trade one error for another
 MIN_FOLD_SQNR_DB = 50.0
 
@@ -109,8 +114,11 @@ class RewriteFinder:
     """Finds the rewrites of a candidate's culprits (see the module docstring); the candidate is never changed."""
 
     def __init__(self, candidate: onnx.ModelProto, ref_consts: dict[str, TensorProto],
-                 index: GraphIndex | None = None):
+                 index: GraphIndex | None = None, formats: tuple[int, ...] = NARROW):
+        """``formats``: the element types of the candidate's constants a rewrite may change (FP16/BF16; FLOAT for
+        an FP32 model folded before quantization)."""
         self.candidate = candidate
+        self.formats = formats
         self.idx = index or GraphIndex(candidate)
         self.ref_consts = ref_consts  # the reference's constants by name (graph.constants)
         self.uses = use_counts(candidate.graph)
@@ -120,7 +128,7 @@ class RewriteFinder:
         Identity before a parameter it shares, e.g. each Linear's bias in an exported BERT), or None."""
         for _ in range(8):
             if t in self.idx.consts:
-                return t if self.idx.consts[t].data_type in NARROW else None
+                return t if self.idx.consts[t].data_type in self.formats else None
             p = self.idx.producer.get(t)
             if p is None or p.op_type not in ("Cast", "Identity") or not p.input:
                 return None
@@ -181,12 +189,14 @@ class RewriteFinder:
             slots = {name: (node.name, slot) for slot, name, _ in changed}
             return Rewrite(node.name, "restore-constant", "restored " + ", ".join(parts), values, slots)
         if node.op_type == "BatchNormalization":
-            return self._fold_bn(node, dtype) or self._rescale_bn(node, dtype)
+            return self.fold_bn(node, dtype) or self._rescale_bn(node, dtype)
         return None
 
     # --- BatchNormalization ---------------------------------------------------------------------------------
     def _bn_params(self, node: onnx.NodeProto) -> tuple[list[str], list[np.ndarray], float] | None:
-        if len(node.input) < 5 or len([o for o in node.output if o]) != 1:
+        """An inference-mode BatchNormalization's constant parameters (reference values) and epsilon, or None."""
+        if len(node.input) < 5 or len([o for o in node.output if o]) != 1 or node.domain not in _STANDARD or \
+                any(a.name == "training_mode" and a.i for a in node.attribute):
             return None
         names, values = [], []
         for t in node.input[1:5]:
@@ -201,12 +211,19 @@ class RewriteFinder:
         eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
         return names, values, float(eps)
 
-    def _fold_bn(self, node: onnx.NodeProto, dtype) -> Rewrite | None:
+    def fold_bn(self, node: onnx.NodeProto, dtype) -> Rewrite | None:
+        """fold-bn of BatchNormalization ``node`` into the Conv before it (``dtype``: the numpy type the folded
+        constants are held in), or None when the pair does not fold (see the module docstring): parameters one per
+        output channel, the Conv's output read by the BatchNormalization alone."""
         params = self._bn_params(node)
         conv = self._foldable_conv(node.input[0]) if params is not None else None
         if conv is None:
             return None
         _, (scale, bias, mean, var), eps = params
+        w = self.idx.consts[self._const(conv.input[1])]
+        channels = w.dims[1 if conv.op_type == "ConvTranspose" else 0] if len(w.dims) >= 3 else None
+        if channels is None or any(v.shape != (channels,) for v in (scale, bias, mean, var)):
+            return None
         s = scale / np.sqrt(var + eps)
         folded = self._fold_into(self._conv(conv), s, bias - mean * s, dtype)
         if folded is None:
@@ -220,7 +237,8 @@ class RewriteFinder:
         """The Conv (or group-1 ConvTranspose) writing ``x`` when ``x`` is read by one node only and is no graph
         output, with constant weights (and bias)."""
         conv = self.idx.producer.get(x)
-        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or not conv.name or len(conv.input) < 2:
+        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in _STANDARD or \
+                not conv.name or len(conv.input) < 2:
             return None
         if self.uses.get(x, 0) != 1 or x in self.idx.graph_outputs:
             return None
@@ -396,9 +414,11 @@ class RewriteFinder:
         return Rewrite(node.name, "rescale", f"variance (max {var.max():.4g}) moved into the scale", values, slots)
 
 
-def apply_rewrites(candidate: onnx.ModelProto, rewrites: Iterable[Rewrite]) -> onnx.ModelProto:
+def apply_rewrites(candidate: onnx.ModelProto, rewrites: Iterable[Rewrite],
+                   default: int = TensorProto.FLOAT16) -> onnx.ModelProto:
     """A copy of ``candidate`` with ``rewrites`` applied. A constant read by the rewritten node alone is replaced
-    in place (same name); a shared one, or a fold's new weights, become new initializers for that node."""
+    in place (same name); a shared one, or a fold's new weights, become new initializers for that node, in the
+    type of the node's narrow constants, else ``default``."""
     from ..model.graph import sort_nodes
 
     model = onnx.ModelProto()
@@ -408,7 +428,8 @@ def apply_rewrites(candidate: onnx.ModelProto, rewrites: Iterable[Rewrite]) -> o
     nodes = {n.name: n for n in g.node if n.name}
     inits = {t.name: t for t in g.initializer}
     const_nodes = {n.output[0]: n for n in g.node if n.op_type == "Constant" and n.output}
-    names = Names({t.name for t in g.initializer} | {o for n in g.node for o in n.output} | set(nodes))
+    names = Names({t.name for t in g.initializer} | {o for n in g.node for o in n.output} | set(nodes) |
+                  {i.name for i in g.input})
     types = {t.name: t.data_type for t in g.initializer}
     types.update({k: constant_tensor(n).data_type for k, n in const_nodes.items() if constant_tensor(n) is not None})
     removed: set[str] = set()
@@ -417,7 +438,7 @@ def apply_rewrites(candidate: onnx.ModelProto, rewrites: Iterable[Rewrite]) -> o
         for tensor, value in rw.values.items():
             owner, slot = rw.slots[tensor]
             node = nodes[owner]
-            dtype = dtype or types.get(tensor) or _narrow_of(node, types) or TensorProto.FLOAT16
+            dtype = dtype or types.get(tensor) or _narrow_of(node, types) or default
             array = value.astype(np.float32).astype(_NP[dtype])
             if tensor in inits and before.get(tensor, 0) == 1:
                 inits[tensor].CopyFrom(numpy_helper.from_array(array, tensor))
