@@ -15,8 +15,8 @@ ruff check .
 # browser and the kernel, the other three keep the cores busy meanwhile (and get their share of a machine another
 # job is busy on: 10:54-12:40 instead of 14:19 for two workers next to a busy loop). One ONNX Runtime thread per
 # session (ORT's idle threads spin on a shared machine); a caller's own value is kept. Scopes go out in conftest.py's
-# order. Likewise one BLAS/OpenMP thread (numpy's OpenBLAS, torch): their idle threads spin too, and next to three other
-# workers they burned ~10x the CPU of the work itself in tests that make many small calls (onnx's reference evaluator).
+# order. Likewise one BLAS/OpenMP thread (numpy's OpenBLAS, torch): their idle threads spin too (a repair on onnx's
+# reference evaluator, many small matrix products: 3.1 s of CPU with OpenBLAS's two threads, 2.0 s with one).
 export WORKBENCH_ORT_THREADS=${WORKBENCH_ORT_THREADS:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 python -m pytest -n 4 --dist loadscope --no-loadscope-reorder --timeout 600 "$@"

@@ -566,3 +566,43 @@ def test_a_closed_reference_session_frees_its_evaluator_at_once():
         if enabled:
             gc.enable()
     assert all(np.isfinite(v).all() for v in expected.values())
+
+
+def test_a_closed_reference_session_frees_its_subgraph_evaluators_too():
+    """An If node's branches get ReferenceEvaluators of their own, each in the same kind of cycle: closing frees them
+    with the outer one, without a garbage collection (a full collection costs ~0.2 s in a kernel that has loaded
+    plotly and ipywidgets, and a repair closes one session per build)."""
+    import gc
+    import weakref
+
+    from workbench.compare.plan import make_engine
+    from workbench.engines.spec import EngineSpec
+
+    def branch(name: str, value: float) -> onnx.GraphProto:
+        c = helper.make_node("Constant", [], [f"{name}_c"],
+                             value=numpy_helper.from_array(np.full(4, value, np.float32)))
+        return helper.make_graph([c, helper.make_node("Add", ["x", f"{name}_c"], [f"{name}_y"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [4])])
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node("Greater", ["s", "zero"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch("t", 1.0), else_branch=branch("e", -1.0))],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [numpy_helper.from_array(np.float32(0), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = make_engine(EngineSpec.parse("ref")).prepare(model, ["y"])
+    np.testing.assert_array_equal(session.run({"x": np.ones(4, np.float32)})["y"], np.full(4, 2.0))  # 1 + 1
+    np.testing.assert_array_equal(session.run({"x": -np.ones(4, np.float32)})["y"], np.full(4, -2.0))  # -1 - 1
+    evaluators = [weakref.ref(session._evaluator)] + [
+        weakref.ref(v) for node in session._evaluator.rt_nodes_ for v in vars(node).values() if hasattr(v, "rt_nodes_")]
+    assert len(evaluators) == 3
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        collections = sum(s["collections"] for s in gc.get_stats())
+        session.close()
+        assert [e() for e in evaluators] == [None, None, None]
+        assert sum(s["collections"] for s in gc.get_stats()) == collections  # broken, not collected
+    finally:
+        if enabled:
+            gc.enable()
