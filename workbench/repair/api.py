@@ -53,6 +53,8 @@ FIRST_PASS = 0.6
 #: run's scratch (:meth:`IslandBuilder.spill_weights`): INT8 repair of a 2-layer BERT (~190 MB of both) 36.6 s ->
 #: 20.0 s, the same repaired file byte for byte (peak RSS unchanged, ~1.0 GiB: the plan keeps both models)
 SPILL_BYTES = 32 << 20
+#: a garbage collection after the search: only when the two models' weights pass this many bytes
+COLLECT_BYTES = 64 << 20
 #: the tensors moved then: those of at least this many bytes
 SPILL_TENSOR_BYTES = 1 << 20
 BATCH = ("auto", "switch", "build")
@@ -337,8 +339,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             spill.cleanup()
     # the search's sessions and builds are gone but partly held in reference cycles (engines, closures): collected
     # now, before the independent check builds a session of its own (on a 0.9 GB decoder's FP16-arithmetic
-    # search, 2.6 GB was garbage at that point)
-    gc.collect()
+    # search, 2.6 GB was garbage at that point; onnx's evaluators now free themselves on close). Only for big
+    # models: a full collection costs ~0.2 s in a notebook's kernel (400k objects), more than a small model's repair
+    if _weight_bytes(plan) >= COLLECT_BYTES:
+        gc.collect()
     if kept is None:
         notes.append("no set of the pool met the target: reporting the closest set found")
         kept = final.kept
@@ -473,6 +477,13 @@ def _verify_on_candidate(ev: Evaluator, builder: IslandBuilder, kept, spill=None
 
         repaired = materialized(repaired, under=Path(spill.name))
     return evaluation, repaired
+
+
+def _weight_bytes(plan) -> int:
+    """The bytes of the reference's and the candidate's initializers (mapped or in memory)."""
+    from ..core.shapes import tensor_nbytes
+
+    return sum(tensor_nbytes(t) for m in (plan.ref_model, plan.cand_model) for t in m.graph.initializer)
 
 
 def _spill_weights(builder: IslandBuilder):
