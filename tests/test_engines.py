@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -603,6 +604,40 @@ def test_a_closed_reference_session_frees_its_subgraph_evaluators_too():
         session.close()
         assert [e() for e in evaluators] == [None, None, None]
         assert sum(s["collections"] for s in gc.get_stats()) == collections  # broken, not collected
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_a_closed_reference_session_frees_function_nodes_that_point_back_at_it():
+    """Gelu at opset 20 runs as its function body; where the evaluator does not know its input type it makes a
+    context-dependent node that holds the evaluator itself (``parent``) and itself (``impl_``). Closing frees them
+    all without a collection (each evaluator visited once: following ``parent`` again multiplied the work per such
+    node)."""
+    import gc
+    import weakref
+
+    from workbench.compare.plan import make_engine
+    from workbench.engines.spec import EngineSpec
+
+    nodes = [helper.make_node("Gelu", [f"g{i - 1}" if i else "x"], [f"g{i}"], name=f"gelu{i}") for i in range(3)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("g2", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    session = make_engine(EngineSpec.parse("ref")).prepare(model, ["g2"])
+    x = np.linspace(-2, 2, 4)
+    want = x
+    for _ in range(3):
+        want = 0.5 * want * (1 + np.vectorize(math.erf)(want / math.sqrt(2)))
+    np.testing.assert_allclose(session.run({"x": x.astype(np.float32)})["g2"], want, rtol=1e-6)
+    kinds = [type(n).__name__ for n in session._evaluator.rt_nodes_]
+    assert "OpFunctionContextDependant" in kinds, kinds  # the case at hand (onnx 1.23)
+    held = [weakref.ref(session._evaluator)] + [weakref.ref(n) for n in session._evaluator.rt_nodes_]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        session.close()
+        assert [h() for h in held] == [None] * len(held)
     finally:
         if enabled:
             gc.enable()

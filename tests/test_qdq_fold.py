@@ -145,3 +145,19 @@ def test_parameters_not_one_per_channel_or_training_mode_stay_unfolded():
     assert foldable_batchnorms(model_with({"training_mode": 1})) == []
     assert foldable_batchnorms(model_with(scale_dims=[1])) == []
     assert foldable_batchnorms(model_with(), skip=["bn"]) == [] == foldable_batchnorms(model_with(), skip=["conv_y"])
+
+
+def test_a_fold_never_takes_a_name_the_model_already_uses():
+    """A model that already holds a tensor named like a fold's new weight (a model repaired before, say) keeps it:
+    the fold's constants get fresh names."""
+    from workbench.repair.graph import PREFIX
+
+    model = _model()
+    taken = np.arange(6, dtype=np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(taken, f"w0::{PREFIX}_fold"))
+    model.graph.node.append(helper.make_node("Identity", [f"w0::{PREFIX}_fold"], ["kept"], name="keep"))
+    model.graph.output.append(helper.make_tensor_value_info("kept", TensorProto.FLOAT, [6]))
+    folded = fold_batchnorms(model, foldable_batchnorms(model))
+    onnx.checker.check_model(folded, full_check=True)
+    assert [n.op_type for n in folded.graph.node].count("BatchNormalization") == 0
+    _same_function(model, folded)  # "kept" included: the tensor of that name is untouched

@@ -183,6 +183,19 @@ def test_integer_floor_is_onnxruntimes_own_quantize_dequantize(qtype, axis):
     assert stats["sqnr_db"] == pytest.approx(_sqnr(x, held_by_ort), abs=1e-3)
 
 
+def test_integer_floor_of_a_scalar_and_of_a_zero_scale():
+    """A 0-d tensor (a reduced activation, a scalar constant) is held like any other; a per-axis scale of 0 (a pruned
+    channel) holds its zeros as NaN, which are not counted as flushed (the count is of nonzero values held as 0)."""
+    fmt = NumberFormat("int8", np.array([0.1]), np.array([0.0]))
+    assert float(fmt.represent(np.array(1.04, np.float32))) == pytest.approx(1.0)
+    assert FloorStats().add(np.array(1.04, np.float32), fmt).summary()["sqnr_db"] == pytest.approx(
+        _sqnr(np.array([1.04]), np.array([1.0])), abs=1e-3)
+    pruned = NumberFormat("int8", np.array([0.5, 0.0]), np.array([0.0, 0.0]), axis=0)
+    x = np.array([[0.0, 0.2, 2.0], [0.0, 0.0, 0.0]], np.float32)
+    stats = FloorStats().add(x, pruned).summary()
+    assert stats["share_flushed"] == pytest.approx(1 / 6)  # 0.2 on the 0.5 grid; the zeros stay out of it
+
+
 def test_formats_follow_the_candidate_types_and_casts_back_to_float32():
     fp16 = convert_float_to_float16(onnx.load(str(CLAMP)), keep_io_types=True)
     inferred = infer_shapes_lenient(fp16)

@@ -73,7 +73,7 @@ class NumberFormat:
         zp = self._broadcast(x, self.zero_point).astype(work)
         lo, hi = self.bounds()
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            q = np.divide(x, scale, dtype=work)
+            q = np.asarray(np.divide(x, scale, dtype=work))  # a 0-d tensor: a (writable) 0-d array, not a scalar
             q = np.rint(q, out=q)
             q += zp
             over = int(np.count_nonzero(q < lo) + np.count_nonzero(q > hi))
@@ -136,8 +136,8 @@ class FloorStats(ErrorStats):
         self.format_name = fmt.name
         self.update(ref, held, rel=False)
         self.values += ref.size
-        # a zero stays zero in every format: the values flushed are the zeros held less the zeros given
-        self.flushed += int(np.count_nonzero(held == 0)) - int(np.count_nonzero(ref == 0))
+        self.flushed += int(np.count_nonzero((held == 0) & (ref != 0)))  # not "zeros held - zeros given": a zero
+        # scale holds a zero as NaN
         if fmt.name in ("fp16", "bf16"):
             tiny, big = (FP16_MIN_NORMAL, FP16_MAX) if fmt.name == "fp16" else (BF16_MIN_NORMAL, BF16_MAX)
             a = np.abs(ref)

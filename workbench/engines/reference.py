@@ -127,22 +127,30 @@ class ReferenceSession(Session):
             self._evaluator = None
 
 
-def _release(evaluator, depth: int = 0) -> None:
+def _release(evaluator, seen: set[int] | None = None) -> None:
     """Break the reference cycles of onnx's ReferenceEvaluator (evaluator -> operators -> their ``run_params``
-    dict -> a logging lambda -> the evaluator), subgraph evaluators (If/Loop/Scan bodies) included, so that dropping
-    the last reference frees it and its arrays."""
-    nodes = getattr(evaluator, "rt_nodes_", None) or []
+    dict -> a logging lambda -> the evaluator; a context-dependent function node's ``parent`` and ``impl_``),
+    subgraph and function evaluators (If/Loop/Scan bodies, local functions) included, so that dropping the last
+    reference frees it and its arrays. Each evaluator once; its operators are emptied (the session is closed)."""
+    seen = set() if seen is None else seen
+    if id(evaluator) in seen:
+        return
+    seen.add(id(evaluator))
+    nodes = list(getattr(evaluator, "rt_nodes_", None) or [])
+    functions = getattr(evaluator, "functions_", None)
+    inner = [v for v in (functions.values() if isinstance(functions, dict) else ()) if hasattr(v, "rt_nodes_")]
     for node in nodes:
-        params = getattr(node, "run_params", None)
+        attrs = getattr(node, "__dict__", None)
+        if attrs is None:
+            continue
+        inner += [v for v in attrs.values() if hasattr(v, "rt_nodes_")]
+        params = attrs.get("run_params")
         if isinstance(params, dict):
             params.clear()
-        if depth < 16:
-            for value in list(vars(node).values()):
-                if hasattr(value, "rt_nodes_"):
-                    _release(value, depth + 1)
-    for attr in ("rt_nodes_", "rt_inits_"):
-        if hasattr(evaluator, attr):
-            setattr(evaluator, attr, type(getattr(evaluator, attr))())
+        attrs.clear()
+    vars(evaluator).clear()
+    for other in inner:
+        _release(other, seen)
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -480,10 +480,12 @@ def _verify_on_candidate(ev: Evaluator, builder: IslandBuilder, kept, spill=None
 
 
 def _weight_bytes(plan) -> int:
-    """The bytes of the reference's and the candidate's initializers (mapped or in memory)."""
+    """The bytes of the reference's and the candidate's constants: initializers (mapped or in memory) and
+    Constant nodes."""
     from ..core.shapes import tensor_nbytes
+    from .graph import constants
 
-    return sum(tensor_nbytes(t) for m in (plan.ref_model, plan.cand_model) for t in m.graph.initializer)
+    return sum(tensor_nbytes(t) for m in (plan.ref_model, plan.cand_model) for t in constants(m).values())
 
 
 def _spill_weights(builder: IslandBuilder):

@@ -122,6 +122,7 @@ class RewriteFinder:
         self.idx = index or GraphIndex(candidate)
         self.ref_consts = ref_consts  # the reference's constants by name (graph.constants)
         self.uses = use_counts(candidate.graph)
+        self.fresh = Names(self.idx.names)  # new constants' names: never one the candidate already has
 
     def _const(self, t: str) -> str | None:
         """The narrow constant behind input ``t`` (through converter Casts and Identity: torch's exporter puts an
@@ -315,7 +316,7 @@ class RewriteFinder:
         shape = [1] * w.ndim
         shape[lin.axis] = -1
         w2 = w * s.reshape(shape)
-        new_w = f"{w_name}::{PREFIX}_fold"
+        new_w = self.fresh(f"{w_name}::{PREFIX}_fold")
         values, where = {new_w: w2}, {new_w: (lin.weight.name, lin.slot)}
         if lin.bias is not None:
             if b is not None and (b.size not in (1, channels) or b.shape[-1] not in (1, channels)):
@@ -324,7 +325,7 @@ class RewriteFinder:
             b2 = np.broadcast_to(b2, (channels,)).astype(np.float64)
             if b is not None and b.ndim > 1:
                 b2 = b2.reshape([1] * (b.ndim - 1) + [channels])  # the same rank: it broadcasts the same way
-            new_b = f"{b_name or lin.weight.name + '/bias'}::{PREFIX}_fold"
+            new_b = self.fresh(f"{b_name or lin.weight.name + '/bias'}::{PREFIX}_fold")
             values[new_b], where[new_b] = b2, (b_owner.name, b_slot)
         if not all(_fits(v, dtype) for v in values.values()):
             return None
