@@ -13,7 +13,7 @@ fi
 ruff check .
 # Four test workers on two cores: the JupyterLab modules run on one of them (tests/conftest.py) and mostly wait on the
 # browser and the kernel, the other three keep the cores busy meanwhile (and get their share of a machine another
-# job is busy on: 10:54-12:40 instead of 14:19 for two workers next to a busy loop). One ONNX Runtime thread per
+# job is busy on: 14:19 for two workers next to a busy loop against 10:54-12:40 for four, when measured side by side). One ONNX Runtime thread per
 # session (ORT's idle threads spin on a shared machine); a caller's own value is kept. Scopes go out in conftest.py's
 # order. Likewise one BLAS/OpenMP thread (numpy's OpenBLAS, torch): their idle threads spin too (a repair on onnx's
 # reference evaluator, many small matrix products: 3.1 s of CPU with OpenBLAS's two threads, 2.0 s with one).

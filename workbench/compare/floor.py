@@ -136,8 +136,7 @@ class FloorStats(ErrorStats):
         self.format_name = fmt.name
         self.update(ref, held, rel=False)
         self.values += ref.size
-        self.flushed += int(np.count_nonzero((held == 0) & (ref != 0)))  # not "zeros held - zeros given": a zero
-        # scale holds a zero as NaN
+        self.flushed += int(np.count_nonzero((held == 0) & (ref != 0)))  # nonzero values held as 0
         if fmt.name in ("fp16", "bf16"):
             tiny, big = (FP16_MIN_NORMAL, FP16_MAX) if fmt.name == "fp16" else (BF16_MIN_NORMAL, BF16_MAX)
             a = np.abs(ref)

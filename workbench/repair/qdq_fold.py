@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .graph import constants
+from .graph import GraphIndex
 from .rewrites import Rewrite, RewriteFinder, apply_rewrites
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ def foldable_batchnorms(model: onnx.ModelProto, skip: Iterable[str] = (), only: 
     g = model.graph
     count = Counter(n.name for n in g.node)
     skip, only = set(skip), set(only) if only is not None else None
-    finder = RewriteFinder(model, constants(model), formats=(TensorProto.FLOAT,))
+    index = GraphIndex(model)
+    finder = RewriteFinder(model, index.consts, index, formats=(TensorProto.FLOAT,))  # its own reference values
     found = []
     for bn in g.node:
         if bn.op_type != "BatchNormalization" or not bn.name or bn.name in skip or count[bn.name] > 1 or \
