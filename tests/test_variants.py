@@ -204,6 +204,32 @@ def test_int8_qdq_model_runs_and_the_outlier_costs_accuracy():
     assert _cos(ref, np.concatenate([_run(pct.model, f) for f in feeds])) > 0.98  # measured 0.987
 
 
+def test_int8_hands_the_typed_model_to_the_quantizer_in_memory(monkeypatch):
+    """With our MinMax ranges as its calibration cache, quantize_static gets the model ONNX shape inference typed
+    instead of saving, re-inferring and reloading it (its loader is never called), and quantizes it to the same
+    bytes as through the file. (``import onnxruntime.quantization.quantize as m`` binds the package's function
+    ``quantize``, not the module: the hand-over never happened while it was looked up that way.)"""
+    import importlib
+
+    import workbench.variants.int8 as int8
+
+    module = importlib.import_module("onnxruntime.quantization.quantize")
+    original, calls = module.load_model_with_shape_infer, []
+
+    def spy(path):
+        calls.append(path)
+        return original(path)
+
+    monkeypatch.setattr(module, "load_model_with_shape_infer", spy)
+    model, feeds = _load("int8_outlier.onnx"), _outlier_feeds()
+    handed = to_int8(model, feeds)
+    assert calls == []  # in memory
+    monkeypatch.setattr(int8, "_can_hand_over", lambda: False)
+    written = to_int8(model, feeds)
+    assert len(calls) == 1  # through the file: ORT's loader read it
+    assert handed.model.SerializeToString() == written.model.SerializeToString()
+
+
 def _graph_key(model: onnx.ModelProto) -> tuple:
     nodes = [(n.op_type, tuple(n.input), tuple(n.output), [a.SerializeToString() for a in n.attribute])
              for n in model.graph.node]
@@ -481,3 +507,51 @@ def test_the_clamp_report_of_mapped_weights_holds_only_the_clamped_values(tmp_pa
     where, a, _ = _changed_values(source, fp16, max_finite=65504.0, min_positive=5.96e-08, rounding=None)
     assert sorted(where.tolist()) == sorted([3 * 512 + 7, 100 * 512 + 1, 200 * 512 + 300])
     assert a.tolist() == pytest.approx([w.ravel()[i] for i in where])
+
+
+def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_whole_proto_does():
+    """The scan's and validation's sessions get the graph without its large initializers, which follow as arrays
+    (not serialized and parsed back). Same outputs, bit for bit, as a session on the whole protobuf -- also after
+    the arrays are gone (ONNX Runtime copied them) -- with a large Constant node (kept inline), an int64 table read
+    by Gather, and an initializer also listed as a graph input (IR 3 style)."""
+    import gc
+
+    from workbench.variants.ort_session import BESIDE_BYTES, ort_session, weights_beside
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((256, 256)).astype(np.float32)  # 256 KB
+    table = rng.integers(0, 256, size=(64, 256)).astype(np.int64)  # 128 KB
+    c = rng.standard_normal((256, 256)).astype(np.float32)
+    b = rng.standard_normal((256,)).astype(np.float32)  # 1 KB: stays inline
+    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(c, "c")),
+             helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0),
+             helper.make_node("Cast", ["rows"], ["rows_f"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "w"], ["xw"]),
+             helper.make_node("MatMul", ["xw", "c"], ["xwc"]),
+             helper.make_node("Add", ["xwc", "b"], ["xb"]),
+             helper.make_node("Add", ["xb", "rows_f"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(table, "table"), numpy_helper.from_array(b, "b")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256]),
+                                           helper.make_tensor_value_info("idx", TensorProto.INT64, [1]),
+                                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [256, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7
+
+    light, names, arrays = weights_beside(model)
+    assert names == ["w", "table"] and all(a.nbytes >= BESIDE_BYTES for a in arrays)
+    assert light.ByteSize() < 8 * 1024 + c.nbytes  # the graph, the small bias and the Constant's value
+    del light, arrays
+    feed = {"x": rng.standard_normal((1, 256)).astype(np.float32), "idx": np.array([5], np.int64)}
+    for optimize in (False, True):
+        session = ort_session(model, optimize=optimize)
+        gc.collect()
+        _ = [np.full(1 << 16, np.nan) for _ in range(64)]  # reuse freed memory: stale weights would show
+        whole = ort.SessionOptions()
+        if not optimize:
+            whole.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        expected = ort.InferenceSession(model.SerializeToString(), whole,
+                                        providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        got = session.run(None, feed)[0]
+        assert np.array_equal(got, expected)
+        assert np.allclose(got, feed["x"] @ w @ c + b + table[5].astype(np.float32), rtol=1e-4, atol=1e-3)

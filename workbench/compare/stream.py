@@ -658,7 +658,7 @@ def _np_dtype(vi: onnx.ValueInfoProto):
 def _fp16_skeleton(skeleton: onnx.ModelProto, inferred: onnx.ModelProto, keep_fp32):
     """The FP16 converter's weight-free output for the whole graph (ORT's converter, else onnxconverter-common's,
     as :func:`workbench.variants.fp16.to_fp16` picks), its variant record and its limits."""
-    from ..core.shapes import _stub, map_model_tensors
+    from ..core.shapes import map_model_tensors, stub_tensor
     from ..errors import VariantError
     from ..variants.fp16 import CONVERTERS, DEFAULT_LIMITS, _type_problem, convert_weight_free, infer_source
     from ..variants.graph_names import check_node_names, map_tensors
@@ -666,7 +666,7 @@ def _fp16_skeleton(skeleton: onnx.ModelProto, inferred: onnx.ModelProto, keep_fp
 
     keep = check_node_names(skeleton, keep_fp32, "keep_fp32")
     # references into the model's files become stubs: the checks then know them for weight-free
-    skeleton = map_model_tensors(skeleton, lambda t, _key: _stub(t) if t.data_location == TensorProto.EXTERNAL
+    skeleton = map_model_tensors(skeleton, lambda t, _key: stub_tensor(t) if t.data_location == TensorProto.EXTERNAL
                                  else None)
     skipped: dict[str, str] = {}
     for name in CONVERTERS:

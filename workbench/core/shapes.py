@@ -33,7 +33,8 @@ def tensor_nbytes(t: TensorProto) -> int:
         return t.ByteSize()
 
 
-def _stub(t: TensorProto) -> TensorProto:
+def stub_tensor(t: TensorProto) -> TensorProto:
+    """``t`` without its data: same name, dims and type, data "external" in :data:`STUB_FILE`."""
     stub = TensorProto()
     copy_fields(t, stub, {"raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data",
                            "uint64_data", "external_data", "data_location", "segment"})
@@ -121,7 +122,7 @@ def strip_weights(model: onnx.ModelProto, keep_bytes: int = KEEP_BYTES) -> onnx.
     """A copy of ``model`` whose tensors over ``keep_bytes`` (initializers, Constant values, tensor attributes,
     subgraphs included) are stubs: same name, dims and type, data "external" in :data:`STUB_FILE`. The copy
     costs the graph's size, not the weights'."""
-    return map_model_tensors(model, lambda t, _key: _stub(t) if _heavy(t, keep_bytes) else None)
+    return map_model_tensors(model, lambda t, _key: stub_tensor(t) if _heavy(t, keep_bytes) else None)
 
 
 def is_stub(t: TensorProto) -> bool:

@@ -231,10 +231,17 @@ def _quantize(
         return onnx.load(str(output))
 
 
-def _can_hand_over() -> bool:
-    import onnxruntime.quantization.quantize as ort_quantize
+def _ort_quantize_module():
+    """onnxruntime.quantization's ``quantize`` module. Not ``import onnxruntime.quantization.quantize as m``: the
+    package exports a function named ``quantize`` that shadows the module as an attribute, and that import binds
+    the function."""
+    import importlib
 
-    return callable(getattr(ort_quantize, "load_model_with_shape_infer", None))
+    return importlib.import_module("onnxruntime.quantization.quantize")
+
+
+def _can_hand_over() -> bool:
+    return callable(getattr(_ort_quantize_module(), "load_model_with_shape_infer", None))
 
 
 _HAND_OVER = threading.Lock()
@@ -250,9 +257,9 @@ def _handed_over(path: Path, typed: onnx.ModelProto | None):
     if typed is None:
         yield
         return
-    import onnxruntime.quantization.quantize as ort_quantize
     from onnxruntime.quantization.quant_utils import add_infer_metadata
 
+    ort_quantize = _ort_quantize_module()
     original = ort_quantize.load_model_with_shape_infer
 
     def load(model_path):
