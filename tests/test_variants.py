@@ -512,8 +512,8 @@ def test_the_clamp_report_of_mapped_weights_holds_only_the_clamped_values(tmp_pa
 def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_whole_proto_does():
     """The scan's and validation's sessions get the graph without its large initializers, which follow as arrays
     (not serialized and parsed back). Same outputs, bit for bit, as a session on the whole protobuf -- also after
-    the arrays are gone (ONNX Runtime copied them) -- with a large Constant node (kept inline), an int64 table read
-    by Gather, and an initializer also listed as a graph input (IR 3 style)."""
+    the arrays are gone (ONNX Runtime copied them) -- with a large Constant node (kept inline), int64 and float16
+    tables read by Gather, and an initializer also listed as a graph input (IR 3 style)."""
     import gc
 
     from workbench.variants.ort_session import BESIDE_BYTES, ort_session, weights_beside
@@ -521,16 +521,21 @@ def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_wh
     rng = np.random.default_rng(3)
     w = rng.standard_normal((256, 256)).astype(np.float32)  # 256 KB
     table = rng.integers(0, 256, size=(64, 256)).astype(np.int64)  # 128 KB
+    half = rng.standard_normal((128, 256)).astype(np.float16)  # 64 KB
     c = rng.standard_normal((256, 256)).astype(np.float32)
     b = rng.standard_normal((256,)).astype(np.float32)  # 1 KB: stays inline
     nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(c, "c")),
              helper.make_node("Gather", ["table", "idx"], ["rows"], axis=0),
              helper.make_node("Cast", ["rows"], ["rows_f"], to=TensorProto.FLOAT),
+             helper.make_node("Gather", ["half", "idx"], ["halves"], axis=0),
+             helper.make_node("Cast", ["halves"], ["halves_f"], to=TensorProto.FLOAT),
              helper.make_node("MatMul", ["x", "w"], ["xw"]),
              helper.make_node("MatMul", ["xw", "c"], ["xwc"]),
              helper.make_node("Add", ["xwc", "b"], ["xb"]),
-             helper.make_node("Add", ["xb", "rows_f"], ["y"])]
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(table, "table"), numpy_helper.from_array(b, "b")]
+             helper.make_node("Add", ["xb", "rows_f"], ["xr"]),
+             helper.make_node("Add", ["xr", "halves_f"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(table, "table"), numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(half, "half")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256]),
                                            helper.make_tensor_value_info("idx", TensorProto.INT64, [1]),
                                            helper.make_tensor_value_info("w", TensorProto.FLOAT, [256, 256])],
@@ -539,7 +544,8 @@ def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_wh
     model.ir_version = 7
 
     light, names, arrays = weights_beside(model)
-    assert names == ["w", "table"] and all(a.nbytes >= BESIDE_BYTES for a in arrays)
+    assert names == ["w", "table", "half"] and all(a.nbytes >= BESIDE_BYTES for a in arrays)
+    assert all(np.array_equal(a, e) for a, e in zip(arrays, (w, table, half)))
     assert light.ByteSize() < 8 * 1024 + c.nbytes  # the graph, the small bias and the Constant's value
     del light, arrays
     feed = {"x": rng.standard_normal((1, 256)).astype(np.float32), "idx": np.array([5], np.int64)}
@@ -554,4 +560,5 @@ def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_wh
                                         providers=["CPUExecutionProvider"]).run(None, feed)[0]
         got = session.run(None, feed)[0]
         assert np.array_equal(got, expected)
-        assert np.allclose(got, feed["x"] @ w @ c + b + table[5].astype(np.float32), rtol=1e-4, atol=1e-3)
+        assert np.allclose(got, feed["x"] @ w @ c + b + table[5].astype(np.float32) + half[5].astype(np.float32),
+                           rtol=1e-4, atol=1e-3)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from ..core.scratch import temporary_dir
 
@@ -65,21 +65,35 @@ def _options(optimize: bool) -> Any:
 def weights_beside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[np.ndarray]]:
     """(``model`` whose main-graph initializers of :data:`BESIDE_BYTES` or more, of the plain numeric types, are
     stubs -- same name, type and dims, data "external" -- , their names, their arrays). The copy costs the graph's
-    size and the arrays one copy of those weights; Constant nodes and subgraphs keep their tensors inline."""
+    size; the arrays are views of ONE buffer holding those weights once (one allocation, returned whole when it
+    goes, where many would leave the heap fragmented for what follows); Constant nodes and subgraphs keep their
+    tensors inline."""
+    import sys
+
     from ..core.shapes import copy_fields, stub_tensor, tensor_nbytes
 
     light = onnx.ModelProto()
     copy_fields(model, light, {"graph"})
     copy_fields(model.graph, light.graph, {"initializer"})
-    names, arrays = [], []
-    for t in model.graph.initializer:
-        if (t.data_type in _ARRAY_TYPES and t.data_location != onnx.TensorProto.EXTERNAL
-                and tensor_nbytes(t) >= BESIDE_BYTES):
-            light.graph.initializer.add().CopyFrom(stub_tensor(t))
-            names.append(t.name)
-            arrays.append(np.ascontiguousarray(numpy_helper.to_array(t)))
-        else:
+    heavy = [t.data_type in _ARRAY_TYPES and t.data_location != onnx.TensorProto.EXTERNAL
+             and tensor_nbytes(t) >= BESIDE_BYTES for t in model.graph.initializer]
+    sizes = [tensor_nbytes(t) if h else 0 for t, h in zip(model.graph.initializer, heavy)]
+    buffer = np.empty(sum(-(-n // 64) * 64 for n in sizes), np.uint8)
+    names, arrays, offset = [], [], 0
+    for t, h, n in zip(model.graph.initializer, heavy, sizes):
+        if not h:
             light.graph.initializer.add().CopyFrom(t)
+            continue
+        light.graph.initializer.add().CopyFrom(stub_tensor(t))
+        dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+        view = buffer[offset:offset + n].view(dtype).reshape(tuple(t.dims))
+        if t.HasField("raw_data") and sys.byteorder == "little":
+            view.reshape(-1)[:] = np.frombuffer(t.raw_data, dtype)
+        else:
+            view[...] = numpy_helper.to_array(t)
+        names.append(t.name)
+        arrays.append(view)
+        offset += -(-n // 64) * 64
     return light, names, arrays
 
 
