@@ -513,7 +513,8 @@ def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_wh
     """The scan's and validation's sessions get the graph without its large initializers, which follow as arrays
     (not serialized and parsed back). Same outputs, bit for bit, as a session on the whole protobuf -- also after
     the arrays are gone (ONNX Runtime copied them) -- with a large Constant node (kept inline), int64 and float16
-    tables read by Gather, and an initializer also listed as a graph input (IR 3 style)."""
+    tables read by Gather, an initializer also listed as a graph input (IR 3 style) and one nothing reads (ONNX
+    Runtime drops it before it would take its array, then refuses the array: it stays in the graph)."""
     import gc
 
     from workbench.variants.ort_session import BESIDE_BYTES, ort_session, weights_beside
@@ -535,7 +536,7 @@ def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_wh
              helper.make_node("Add", ["xb", "rows_f"], ["xr"]),
              helper.make_node("Add", ["xr", "halves_f"], ["y"])]
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(table, "table"), numpy_helper.from_array(b, "b"),
-             numpy_helper.from_array(half, "half")]
+             numpy_helper.from_array(half, "half"), numpy_helper.from_array(w + 1, "unread")]  # ONNX Runtime drops it
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256]),
                                            helper.make_tensor_value_info("idx", TensorProto.INT64, [1]),
                                            helper.make_tensor_value_info("w", TensorProto.FLOAT, [256, 256])],
@@ -544,9 +545,9 @@ def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_wh
     model.ir_version = 7
 
     light, names, arrays = weights_beside(model)
-    assert names == ["w", "table", "half"] and all(a.nbytes >= BESIDE_BYTES for a in arrays)
+    assert names == ["w", "table", "half"] and all(a.nbytes >= BESIDE_BYTES for a in arrays)  # "unread" stays
     assert all(np.array_equal(a, e) for a, e in zip(arrays, (w, table, half)))
-    assert light.ByteSize() < 8 * 1024 + c.nbytes  # the graph, the small bias and the Constant's value
+    assert light.ByteSize() < 8 * 1024 + c.nbytes + w.nbytes  # the graph, the bias, the Constant, "unread"
     del light, arrays
     feed = {"x": rng.standard_normal((1, 256)).astype(np.float32), "idx": np.array([5], np.int64)}
     for optimize in (False, True):
@@ -562,3 +563,13 @@ def test_ort_session_takes_large_initializers_as_arrays_and_computes_what_the_wh
         assert np.array_equal(got, expected)
         assert np.allclose(got, feed["x"] @ w @ c + b + table[5].astype(np.float32) + half[5].astype(np.float32),
                            rtol=1e-4, atol=1e-3)
+    # a name defined twice: ONNX Runtime picks one of the two itself, as it does from the whole protobuf
+    ios = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    twice = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w + 1, "w")]
+    dup = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "d", *ios, twice),
+                            opset_imports=[helper.make_opsetid("", 13)])
+    assert weights_beside(dup)[1] == []
+    expected = ort.InferenceSession(dup.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": feed["x"]})[0]
+    assert np.array_equal(ort_session(dup, optimize=True).run(None, {"x": feed["x"]})[0], expected)

@@ -36,7 +36,8 @@ def ort_session(model: onnx.ModelProto, *, optimize: bool = False) -> Any:
     light, names, arrays = weights_beside(model)
     if light.ByteSize() < _PROTO_LIMIT:
         options = _options(optimize)
-        if names:  # ONNX Runtime copies them into its graph: the arrays may go once the session exists
+        if names:  # ONNX Runtime copies them into its graph: the arrays may go once the session exists (the
+            # session keeps ``options``, whose arrays are then gone: never rebuild it, e.g. by set_providers)
             options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
         return ort.InferenceSession(light.SerializeToString(), options, providers=["CPUExecutionProvider"])
     del light, arrays
@@ -64,36 +65,47 @@ def _options(optimize: bool) -> Any:
 
 def weights_beside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[np.ndarray]]:
     """(``model`` whose main-graph initializers of :data:`BESIDE_BYTES` or more, of the plain numeric types, are
-    stubs -- same name, type and dims, data "external" -- , their names, their arrays). The copy costs the graph's
-    size; the arrays are views of ONE buffer holding those weights once (one allocation, returned whole when it
-    goes, where many would leave the heap fragmented for what follows); Constant nodes and subgraphs keep their
-    tensors inline."""
+    stubs -- same name, type and dims, data "external" -- , their names, their arrays). Only initializers some node
+    reads (or a graph output is) and whose name nothing else defines go beside: ONNX Runtime drops unread ones before
+    it would take their arrays (and then refuses the arrays), and keeps the last of duplicates. The copy costs the
+    graph's size; the arrays are views of ONE buffer holding those weights once (one allocation, returned whole when
+    it goes, where many would leave the heap fragmented for what follows), filled only when the weight-free graph
+    fits a protobuf (else no arrays). Constant nodes and subgraphs keep their tensors inline."""
     import sys
+    from collections import Counter
 
     from ..core.shapes import copy_fields, stub_tensor, tensor_nbytes
+    from ..model.walk import iter_nodes
 
+    graph = model.graph
+    read = {i for n in iter_nodes(graph) for i in n.input} | {o.name for o in graph.output}
+    defined = Counter(t.name for t in graph.initializer) + Counter(o for n in iter_nodes(graph) for o in n.output)
     light = onnx.ModelProto()
     copy_fields(model, light, {"graph"})
-    copy_fields(model.graph, light.graph, {"initializer"})
-    heavy = [t.data_type in _ARRAY_TYPES and t.data_location != onnx.TensorProto.EXTERNAL
-             and tensor_nbytes(t) >= BESIDE_BYTES for t in model.graph.initializer]
-    sizes = [tensor_nbytes(t) if h else 0 for t, h in zip(model.graph.initializer, heavy)]
-    buffer = np.empty(sum(-(-n // 64) * 64 for n in sizes), np.uint8)
-    names, arrays, offset = [], [], 0
-    for t, h, n in zip(model.graph.initializer, heavy, sizes):
-        if not h:
+    copy_fields(graph, light.graph, {"initializer"})
+    beside = []
+    for t in graph.initializer:
+        if (t.data_type in _ARRAY_TYPES and t.data_location != onnx.TensorProto.EXTERNAL and t.name in read
+                and defined[t.name] == 1 and tensor_nbytes(t) >= BESIDE_BYTES):
+            light.graph.initializer.add().CopyFrom(stub_tensor(t))
+            beside.append(t)
+        else:
             light.graph.initializer.add().CopyFrom(t)
-            continue
-        light.graph.initializer.add().CopyFrom(stub_tensor(t))
+    if not beside or light.ByteSize() >= _PROTO_LIMIT:
+        return light, [], []
+    sizes = [-(-tensor_nbytes(t) // 64) * 64 for t in beside]
+    buffer = np.empty(sum(sizes), np.uint8)
+    names, arrays, offset = [], [], 0
+    for t, size in zip(beside, sizes):
         dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
-        view = buffer[offset:offset + n].view(dtype).reshape(tuple(t.dims))
+        view = buffer[offset:offset + tensor_nbytes(t)].view(dtype).reshape(tuple(t.dims))
         if t.HasField("raw_data") and sys.byteorder == "little":
             view.reshape(-1)[:] = np.frombuffer(t.raw_data, dtype)
         else:
             view[...] = numpy_helper.to_array(t)
         names.append(t.name)
         arrays.append(view)
-        offset += -(-n // 64) * 64
+        offset += size
     return light, names, arrays
 
 
