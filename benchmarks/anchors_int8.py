@@ -19,8 +19,8 @@ Ours, one process: ``workbench repair FP32 --cand ort:int8 --calib CALIB --input
 scripts/int8_qdq_truth.py:agree_rec --target '>=1' --out fixed.onnx --json r.json``. NNCF, one process:
 ``nncf.quantize_with_accuracy_control`` with its defaults (``subset_size`` = the 8 calibration crops). Wall time
 and peak RSS per process (wait4). "high" = Conv/ConvTranspose/MatMul/Gemm nodes whose weight is not read through
-a DequantizeLinear (left in float), and the bytes of their float weights; the task is re-checked here
-independently on the written model (onnxruntime, decode against FP32).
+a DequantizeLinear, or whose activation input is not (computed in float either way), and their weights' bytes as
+float32; the task is re-checked here independently on the written model (onnxruntime, decode against FP32).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls", "ppocr-det": "det", "bert-L2": "bert"}
+KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls", "ppocr-det": "det", "bert-L2": "bert",
+         "ppocrv3-det": "det", "ppocrv5-det": "det", "ppocrv3-rec": "rec", "ppocrv5-rec": "rec"}
 #: the per-feed task metric of each kind (scripts/int8_qdq_truth.py): True when the feed reads as in FP32
 METRICS = {"rec": "agree_rec", "cls": "agree_cls", "det": "healthy_det", "bert": "agree_bert"}
 MAX_DROP = 0.01
@@ -84,23 +85,31 @@ def _session(model):
 
 # --- what stays in float ---------------------------------------------------------------------------------------
 def high_precision(path: Path) -> tuple[int, int]:
-    """(weighted nodes whose weight is not read through a DequantizeLinear, bytes of their float weights)."""
+    """(weighted nodes that compute in float, the bytes of their weights as float32). A weighted node computes in
+    INT8 only when its activation input and its weight (a MatMul's two inputs) are both read through a
+    DequantizeLinear; one whose input or weight is not (a pair removed on either side) computes in float with
+    float weights, as TensorRT would build it, and its weight counts at 4 bytes a value even where the file stores
+    it quantized."""
     import onnx
 
     m = onnx.load(str(path))
     producer = {o: n for n in m.graph.node for o in n.output}
     inits = {t.name: t for t in m.graph.initializer}
+
+    def dequantized(name: str) -> bool:
+        p = producer.get(name)
+        return p is not None and p.op_type == "DequantizeLinear"
+
     nodes = weight_bytes = 0
     for n in m.graph.node:
-        if n.op_type not in WEIGHTED or len(n.input) < 2:
-            continue
-        p = producer.get(n.input[1])
-        if p is not None and p.op_type == "DequantizeLinear":
+        if n.op_type not in WEIGHTED or len(n.input) < 2 or all(dequantized(i) for i in n.input[:2] if i):
             continue
         nodes += 1
-        for name in n.input[1:]:
-            t = inits.get(name)
-            if t is not None and t.data_type == onnx.TensorProto.FLOAT:
+        for name in n.input[1:3]:  # the weight and the bias
+            p = producer.get(name)
+            t = inits.get(p.input[0] if p is not None and p.op_type == "DequantizeLinear" else name)
+            if t is not None and t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.INT8,
+                                                 onnx.TensorProto.UINT8, onnx.TensorProto.INT32):
                 weight_bytes += int(np.prod(t.dims)) * 4
     return nodes, weight_bytes
 

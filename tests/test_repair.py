@@ -112,12 +112,12 @@ def test_external_data_mlp_keeps_its_flushed_matmul(tmp_path):
 
 
 def test_int8_outlier_needs_the_outlier_path_unquantized(tmp_path):
-    """The outlier column of /mlp/fc2/Add crushes every ordinary value of that tensor's INT8 view. Dropping the
+    """In ONNX Runtime's Q/DQ placement (``keep_placement``): the outlier column of /mlp/fc2/Add crushes every ordinary value of that tensor's INT8 view. Dropping the
     Q/DQ on fc2/Add's output lets relu2 read float, and keeping fc3/MatMul lets it read relu2's float output
     (past relu2's own Q/DQ, whose scale the outlier sets too) with float weights: both are needed."""
     model = SAMPLES / "int8_outlier.onnx"
     feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
-    res = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "fixed.onnx")
+    res = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "fixed.onnx", keep_placement=True)
     assert res.met and res.kind == "qdq"
     assert sorted(res.kept) == ["/mlp/fc2/Add", "/mlp/fc3/MatMul"]
     # chosen on 8 feeds: the result says to check it on others (an INT8 repair on 8 crops misread 1-8% of new ones)
@@ -143,6 +143,45 @@ def test_int8_outlier_needs_the_outlier_path_unquantized(tmp_path):
     for alone in res.kept:
         got = ort_run(remove_qdq(cand, plan_ref, [alone]), feeds)
         assert max(norm_mean_abs(r[0], c[0]) for r, c in zip(refs, got)) > 0.1
+
+
+def test_int8_repair_first_quantizes_again_in_tensorrts_placement(tmp_path):
+    """By default the FP32 model is quantized again with Q/DQ pairs on the inputs of its MatMuls alone (TensorRT's
+    placement), which still misses the target on the outlier sample (checked here with ONNX Runtime's quantize_static
+    called directly), fails fewer feeds than ONNX Runtime's placement and is searched: one MatMul, the one reading
+    the outlier column, computes in float; the other two still read INT8 inputs and weights."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model = SAMPLES / "int8_outlier.onnx"
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
+    res = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "fixed.onnx")
+    assert res.met and res.kind == "qdq" and res.kept == ["/mlp/fc3/MatMul"], res.render()
+    assert [(r["node"], r["kind"]) for r in res.to_json()["repairs"]] == [
+        ("(model)", "qdq-placement"), ("/mlp/fc3/MatMul", "remove-qdq")]
+    assert res.verification["independent"]["met"]
+    fixed = onnx.load(str(tmp_path / "fixed.onnx"))
+    producer = {o: n.op_type for n in fixed.graph.node for o in n.output}
+    int8 = {n.name: all(producer.get(i) == "DequantizeLinear" for i in n.input[:2])
+            for n in fixed.graph.node if n.op_type == "MatMul"}
+    assert int8 == {"/mlp/fc1/MatMul": True, "/mlp/fc2/MatMul": True, "/mlp/fc3/MatMul": False}
+    assert not any(producer.get(n.input[0]) == "MatMul" for n in fixed.graph.node if n.op_type == "QuantizeLinear")
+    refs = ort_run(onnx.load(str(model)), feeds)
+    assert all(norm_mean_abs(r[0], c[0]) < 0.1 for r, c in zip(refs, ort_run(fixed, feeds)))
+
+    class Reader(CalibrationDataReader):  # the same placement, made by ONNX Runtime's quantizer directly
+        def __init__(self):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    direct = tmp_path / "direct.onnx"
+    quantize_static(str(model), str(direct), Reader(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
+                    per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                                   "OpTypesToExcludeOutputQuantization": ["MatMul"]})
+    got = ort_run(onnx.load(str(direct)), feeds)
+    assert max(norm_mean_abs(r[0], c[0]) for r, c in zip(refs, got)) > 0.1  # it needs the pair removed
 
 
 def test_overflowing_conv_keeps_its_consumer_wide(tmp_path):
@@ -453,8 +492,9 @@ def test_int8_builds_with_weights_mapped_from_scratch_are_the_same_model(tmp_pat
     monkeypatch.setattr(api, "SPILL_BYTES", 0)
     monkeypatch.setattr(api, "SPILL_TENSOR_BYTES", 64)
     mapped = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "mapped.onnx", verify=None)
-    assert [f.name.rsplit("/", 1)[-1].startswith("workbench-repair-weights-") for f in folders] == [True]
-    assert not Path(folders[0].name).exists()
+    # one folder for the candidate as converted, one for the model in TensorRT's placement the search ran on
+    assert [f.name.rsplit("/", 1)[-1].startswith("workbench-repair-weights-") for f in folders] == [True, True]
+    assert not any(Path(f.name).exists() for f in folders)
     assert mapped.kept == plain.kept and mapped.met
     assert (tmp_path / "mapped.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
 
@@ -491,7 +531,8 @@ def test_a_target_met_by_undoing_most_of_the_int8_conversion_says_so(tmp_path, c
 
     out = tmp_path / "fixed.onnx"
     code = main(["repair", str(SAMPLES / "healthy_cnn.onnx"), "--cand", "ort:int8", "--calib", "4", "--feeds", "2",
-                 "--target", "sqnr_db<60", "--verify", "none", "--out", str(out), "--json", str(tmp_path / "r.json")])
+                 "--target", "sqnr_db<60", "--verify", "none", "--out", str(out), "--json", str(tmp_path / "r.json"),
+                 "--keep-placement"])
     text = capsys.readouterr().out
     doc = json.loads((tmp_path / "r.json").read_text())
     assert code == 0 and doc["met"], text

@@ -221,3 +221,22 @@ def test_repair_figure_is_json_compliant():
     json.dumps(fig.to_plotly_json(), allow_nan=False, default=str)
     assert [t.name for t in fig.data] == ["before (candidate as converted)", "after (repaired model)"]
     assert any(s.type == "line" for s in fig.layout.shapes), "the target line"
+
+
+def test_a_whole_model_rewrite_is_a_line_not_a_button(tmp_path):
+    """An INT8 repair quantized again in TensorRT's placement (``qdq-placement``, a rewrite of the whole model)
+    shows that rewrite as a line above the nodes; only real nodes get a button and a ring."""
+    import numpy as np
+
+    from workbench.repair import repair
+
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
+    result = repair(str(SAMPLES / "int8_outlier.onnx"), "ort", "ort:int8", feeds=feeds, verify=None,
+                    out=tmp_path / "fixed.onnx")
+    panel = RepairPanel(SAMPLES / "int8_outlier.onnx")
+    panel.show_result(result)
+    rows = panel.kept_rows.children
+    assert "qdq-placement: the FP32 model quantized again" in rows[0].value
+    buttons = [r for r in rows if hasattr(r, "on_click")]
+    assert [b.description for b in buttons] == ["/mlp/fc3/MatMul · remove-qdq"]
+    assert panel.kept == ["/mlp/fc3/MatMul"] and "1 node(s) Q/DQ removed around" in rows[1].value

@@ -253,28 +253,51 @@ def _empty_constant_model() -> tuple[onnx.ModelProto, list[dict]]:
     return model, [{"x": rng.standard_normal((1, 4)).astype(np.float32)} for _ in range(4)]
 
 
-@pytest.mark.parametrize("case", ["outlier per-channel", "outlier per-tensor", "empty constant"])
+@pytest.mark.parametrize("case", ["outlier per-channel", "outlier per-tensor", "empty constant", "outlier weighted",
+                                  "cnn weighted"])
 def test_int8_fast_path_is_ort_own_pipeline_bit_for_bit(tmp_path, case):
     """Without quant_pre_process and with the scan's min/max as ranges, the INT8 model is node for node and byte
     for byte what ONNX Runtime's documented pipeline (quant_pre_process, then quantize_static with its MinMax
-    calibrator) makes of the same model and feeds."""
+    calibrator) makes of the same model and feeds; in the weighted placement, what it makes quantizing the weighted
+    op types alone with their outputs excluded."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from workbench.variants.calibration import data_reader
 
-    per_channel = case != "outlier per-tensor"
-    model, feeds = _empty_constant_model() if case == "empty constant" else (_load("int8_outlier.onnx"),
-                                                                             _outlier_feeds()[:8])
-    ours = to_int8(model, feeds, per_channel=per_channel)
+    from workbench.variants.int8 import WEIGHTED_OPS
+
+    per_channel, weighted = case != "outlier per-tensor", case.endswith("weighted")
+    if case == "cnn weighted":
+        model = _load("healthy_cnn.onnx")
+        feeds = [_image([1, 3, 32, 32]) for _ in range(4)]
+    else:
+        model, feeds = _empty_constant_model() if case == "empty constant" else (_load("int8_outlier.onnx"),
+                                                                                 _outlier_feeds()[:8])
+    ours = to_int8(model, feeds, per_channel=per_channel, placement="weighted" if weighted else "all")
     assert ours.details["calibrator"].startswith("ORT minmax ranges from the tensor scan")
+    assert ours.details["placement"] == ("weighted" if weighted else "all")
+    extra = {"OpTypesToExcludeOutputQuantization": list(WEIGHTED_OPS)} if weighted else {}
     onnx.save(model, tmp_path / "m.onnx")
     quant_pre_process(str(tmp_path / "m.onnx"), str(tmp_path / "pre.onnx"), skip_optimization=True)
     quantize_static(str(tmp_path / "pre.onnx"), str(tmp_path / "q.onnx"), data_reader(feeds),
                     quant_format=QuantFormat.QDQ, per_channel=per_channel, activation_type=QuantType.QInt8,
                     weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+                    op_types_to_quantize=list(WEIGHTED_OPS) if weighted else None,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, **extra})
     assert _graph_key(ours.model) == _graph_key(onnx.load(str(tmp_path / "q.onnx")))
+    if weighted:  # every pair feeds a weighted op: no Add, Relu or BatchNormalization output is quantized
+        consumers = {i: n.op_type for n in ours.model.graph.node for i in n.input}
+        deq = [n for n in ours.model.graph.node if n.op_type == "DequantizeLinear"]
+        assert deq and all(consumers.get(n.output[0]) in WEIGHTED_OPS for n in deq)
+
+
+def test_int8_placement_is_checked():
+    model, feeds = _load("int8_outlier.onnx"), _outlier_feeds()[:2]
+    with pytest.raises(VariantError, match="unknown Q/DQ placement 'trt'"):
+        to_int8(model, feeds, placement="trt")
+    with pytest.raises(VariantError, match="none of these op types was asked for"):
+        to_int8(model, feeds, placement="weighted", op_types=["Add"])
 
 
 def test_int8_range_overrides_set_the_scale():

@@ -400,7 +400,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         metric=args.metric, out=args.out, nodes=args.nodes, max_builds=args.max_builds, batch=args.batch,
         verify=None if args.verify == "none" else args.verify, seed=args.seed, feed_count=args.feeds,
         memory_budget=args.memory_budget, preprocess=args.preprocess, workers=args.workers or 1,
-        executor=args.executor, rewrites=not args.no_rewrites,
+        executor=args.executor, rewrites=not args.no_rewrites, keep_placement=args.keep_placement,
         calibration=_feeds_arg(args.calib) if args.calib is not None else None,
         input_shapes=parse_shape_overrides(args.input_shapes) if args.input_shapes else None,
         progress=_progress_logger() if args.verbose else None,
@@ -785,8 +785,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "for FP16/BF16; onnxruntime with graph optimizations off, Q/DQ unfused, for INT8; none: skip)")
     p.add_argument("--no-rewrites", action="store_true", help="islands only (FP32 islands, Q/DQ pairs removed): do "
                    "not first try rewrites that keep a culprit in FP16 (a clamped constant restored, a "
-                   "BatchNormalization folded or rescaled) or in INT8 (BatchNormalizations folded into their Convs "
-                   "before quantizing)")
+                   "BatchNormalization folded or rescaled) or in INT8 (the FP32 model quantized again with TensorRT's "
+                   "Q/DQ placement; BatchNormalizations folded into their Convs before quantizing)")
+    p.add_argument("--keep-placement", action="store_true", help="INT8 from the FP32 model: keep ONNX Runtime's Q/DQ "
+                   "placement (pairs around every op it quantizes) instead of trying TensorRT's (the inputs of Conv, "
+                   "ConvTranspose, MatMul and Gemm alone) first")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
                    help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",

@@ -328,16 +328,16 @@ class ComparisonPlan(PlanEngines):
     def _variant(self, spec: EngineSpec):
         return self.variant_of(self.loaded.proto, spec)
 
-    def variant_of(self, model: onnx.ModelProto, spec: EngineSpec):
+    def variant_of(self, model: onnx.ModelProto, spec: EngineSpec, **options):
         """``spec``'s variant of ``model`` made as this plan makes its own (the same calibration feeds and nodes
-        kept in FP32): a :class:`~workbench.variants.result.VariantResult`."""
+        kept in FP32; ``options`` go to the converter): a :class:`~workbench.variants.result.VariantResult`."""
         from ..variants import make_variant
 
         calib = self.options.calibration_feeds
         # torch-cuda's tf32/autocast change the arithmetic, not the graph: the export names its tensors
         variant = "fp32" if runs_module(spec) and spec.variant in MODULE_ONLY_VARIANTS else spec.variant
         return make_variant(model, variant, calibration_feeds=calib if calib is not None
-                            else self.feeds, keep_fp32=self.options.keep_fp32)
+                            else self.feeds, keep_fp32=self.options.keep_fp32, **options)
 
     def _precision(self, spec: EngineSpec, model: onnx.ModelProto) -> Precision:
         if runs_module(spec) and self.module is not None:

@@ -65,8 +65,9 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
            feeds: Any = None, target: str | None = None, metric: Any = None, out: str | os.PathLike | None = None,
            nodes: Sequence[str] | None = None, max_builds: int = 40, max_pool: int = 64, batch: str = "auto",
            verify: str | None = "auto", preprocess: str | Callable | None = None, calibration: Any = None,
-           workers: int = 1, executor: str | None = None, rewrites: bool = True, progress: Progress | None = None,
-           cancel: threading.Event | None = None, **compare_options: Any) -> RepairResult:
+           workers: int = 1, executor: str | None = None, rewrites: bool = True, keep_placement: bool = False,
+           progress: Progress | None = None, cancel: threading.Event | None = None, **compare_options: Any
+           ) -> RepairResult:
     """Find a small set of nodes to keep in reference precision so that ``candidate`` meets ``target``.
 
     ``target``: without ``metric``, a criterion text (``"sqnr_db<40"``: an output fails when it matches; default:
@@ -91,8 +92,12 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     (``"ray"``, ``"ray://HOST:PORT"``); the result is the serial one. ``rewrites``: for FP16 candidates, first
     try rewrites that keep culprits in the candidate precision (:mod:`workbench.repair.rewrites`: a clamped constant
     restored, a BatchNormalization folded or rescaled), islands only for what they leave; for the INT8 variant of an
-    FP32 model, first try its BatchNormalizations folded into their Convs and the model quantized again
-    (:mod:`workbench.repair.qdq_fold`). Other keywords are
+    FP32 model that misses the target, first the FP32 model quantized again with Q/DQ pairs on the inputs of its
+    weighted ops alone, TensorRT's recommended placement (:mod:`workbench.repair.qdq_placement`: the repaired model
+    when it meets the target, the one searched when it fails no more feeds), else its BatchNormalizations folded
+    into their Convs and the model quantized again (:mod:`workbench.repair.qdq_fold`). ``keep_placement``: keep
+    the INT8 variant's own Q/DQ placement (ONNX Runtime's, every op it quantizes): no re-quantization with
+    TensorRT's. Other keywords are
     compare() options (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``, ``impact``, ``memory_budget``,
     ...).
     Raises :class:`~workbench.repair.graph.RepairError` (a WorkbenchError) on bad input.
@@ -145,7 +150,7 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
         res = _repair(plan, steps.span(0.0, FIRST_PASS) if again_possible else steps, t0, target=target,
                       metric=metric, out_path=None if again_possible else out_path, nodes=nodes,
                       max_builds=max_builds, max_pool=max_pool, batch=batch, verify=verify, cancel=cancel, spec=spec,
-                      rewrites=rewrites)
+                      rewrites=rewrites, keep_placement=keep_placement)
     finally:
         plan.close()
     arith = _fp16_arithmetic_engine(res, plan)
@@ -164,7 +169,8 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
         again = repair(plan.original, reference, arith, feeds=feeds, cand_model=cand_model, target=target,
                        metric=metric,
                        out=out, nodes=nodes, max_builds=max_builds, max_pool=max_pool, batch=batch, verify="ort",
-                       workers=workers, executor=executor, rewrites=rewrites, progress=_second_pass(steps, arith),
+                       workers=workers, executor=executor, rewrites=rewrites, keep_placement=keep_placement,
+                       progress=_second_pass(steps, arith),
                        cancel=cancel, **compare_options)
     except WorkbenchError as e:  # the first result stands, said to fail in FP16 arithmetic
         res.notes.insert(0, f"the model passes on {plan.cand_spec} but fails in FP16 arithmetic "
@@ -266,7 +272,7 @@ def _dataset_feeds(model: Any, data: Any, preprocess: Any, options: dict,
 
 
 def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, max_builds, max_pool, batch, verify,
-            cancel, spec, rewrites=True) -> RepairResult:
+            cancel, spec, rewrites=True, keep_placement=False) -> RepairResult:
     timing: dict[str, float] = {}
     notes: list[str] = []
     if nodes is None:
@@ -282,7 +288,7 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     cand_outputs = {o.name for o in plan.cand_model.graph.output}
     outputs = [(o, o if o in cand_outputs else plan.candidate_name(o)) for o in plan.ref_graph.outputs]
     t1 = time.perf_counter()
-    workers = scratch = spill = None
+    workers = scratch = spill = spill_placed = None
     ev = Evaluator(plan, builder, goal, outputs, max_builds=max_builds, batch=batch, step=steps.span(0.45, 0.85))
     rewritten: list = []
     try:
@@ -290,10 +296,17 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
         pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
                                                                     limit=max_pool, notes=notes)
-        start = 1
-        folds, base = [], before
-        if rewrites and nodes is None:  # INT8: BatchNormalizations folded, the FP32 model quantized again; kept
-            from .qdq_fold import fold_first  # only when that meets the target (nothing is searched on it)
+        start, pool0 = 1, pool
+        folds, base, placed = [], before, None
+        if rewrites and nodes is None and not keep_placement:  # INT8: the FP32 model quantized again, TensorRT's
+            # Q/DQ placement
+            from .qdq_placement import placement_first
+
+            folds, base, placed = placement_first(ev, plan, before, notes, timing)
+            if placed is not None and not base.met:  # searched from: its big weights mapped too
+                spill_placed = _spill_weights(placed)
+        if rewrites and nodes is None and placed is None:  # INT8: BatchNormalizations folded, the FP32 model
+            from .qdq_fold import fold_first  # quantized again; kept only when that meets the target
 
             folds, base = fold_first(ev, plan, before, notes, timing)
         if builder.kind == "qdq" and nodes is None and not base.met:
@@ -314,7 +327,10 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             rewritten, island_pool = [], pool
             ev.rebase(builder)
             ev.workers = None  # the workers hold the rewritten model: serial from here
-            kept, minimal = search(ev, pool, before)
+            if placed is not None:  # the pool was ordered on the other placement's pairs
+                pool, start = _order_qdq(ev, builder, pool0, before, notes, timing)
+                island_pool = pool
+            kept, minimal = search(ev, pool, before, start if placed is not None else 1)
         builder = ev.builder
         timing["search_s"] = time.perf_counter() - t1
         if kept is not None and not kept and not rewritten and before.met:  # the candidate as converted, judged
@@ -322,21 +338,22 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
         elif kept is not None and not kept and folds:  # the folded model as quantized, judged on every feed
             final, repaired = base, ev.builder.candidate
         else:
-            final, repaired = _verify_on_candidate(ev, builder, kept, spill)
+            final, repaired = _verify_on_candidate(ev, builder, kept, spill_placed if builder is placed else spill)
         if kept is not None and not final.met and any(e.how == "switch" for e in ev.evaluations):
             notes.append("the switchable model met the target but the repaired model does not on the candidate "
                          "engine (its fusions differ): searched again with one build per set")
             ev.drop_switch()
             kept, minimal = search(ev, island_pool, base if rewritten else before)
-            final, repaired = _verify_on_candidate(ev, builder, kept, spill)
+            final, repaired = _verify_on_candidate(ev, builder, kept, spill_placed if builder is placed else spill)
     finally:
         ev.close()
         if workers is not None:
             ev.notes += workers.notes
             workers.close()
             scratch.cleanup()
-        if spill is not None:
-            spill.cleanup()
+        for folder in (spill, spill_placed):
+            if folder is not None:
+                folder.cleanup()
     # the search's sessions and builds are gone but partly held in reference cycles (engines, closures): collected
     # now, before the independent check builds a session of its own (on a 0.9 GB decoder's FP16-arithmetic
     # search, 2.6 GB was garbage at that point; onnx's evaluators now free themselves on close). Only for big

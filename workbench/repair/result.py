@@ -100,9 +100,13 @@ class RepairResult:
         if len(self.kept) > KEPT_SHOWN:
             shown = f"{len(self.kept)} nodes: {shown}, ... (every one in --json / .to_json()['kept'])"
         lines.append(f"  {label}{best}: {shown}" + ("" if self.minimal or not self.kept else " (not proven 1-minimal)"))
+        from .qdq_placement import MODEL_NODE
         from .rewrites import KEPT_KINDS
 
-        rewrites = [r for r in self.repairs if r.get("kind") not in KEPT_KINDS]
+        whole = [r for r in self.repairs if r.get("node") == MODEL_NODE]
+        for r in whole:  # a rewrite of the whole model (the Q/DQ placement): before the nodes' own
+            lines.insert(len(lines) - 1, f"  rewritten, the whole model ({r['kind']}): {safe_name(r.get('detail', ''))}")
+        rewrites = [r for r in self.repairs if r.get("kind") not in KEPT_KINDS and r.get("node") != MODEL_NODE]
         if rewrites:
             lines.append("  rewritten, kept in the candidate precision: " + "; ".join(
                 f"{safe_name(r['node'])} ({r['kind']}: {safe_name(r.get('detail', ''))})" for r in rewrites))

@@ -272,9 +272,15 @@ class RepairPanel(PairedPanel, widgets.VBox):
         repairs = doc.get("repairs") or [{"node": n, "kind": ""} for n in doc.get("kept") or []]
         if any(r["kind"] not in (*KEPT_KINDS, "") for r in repairs):
             label += " or rewritten in the candidate precision"
-        buttons = []
+        from ..repair.qdq_placement import MODEL_NODE
+
+        buttons, whole = [], []
         for r in repairs:  # each with its kind: fp32-island, restore-constant, fold-bn, rescale, ...
             node = r["node"]
+            if node == MODEL_NODE:  # a rewrite of the whole model (qdq-placement): no node to select
+                whole.append(widgets.HTML(f'<div class="wb-h">{html.escape(r["kind"])}: '
+                                          f'{html.escape(r.get("detail", ""))}</div>'))
+                continue
             kind = f" · {r['kind']}" if r["kind"] else ""
             tip = f"select {node} in the graph" + (f" ({r['kind']}: {r['detail']})" if r.get("detail") else "")
             button = widgets.Button(description=node + kind, icon="crosshairs", tooltip=tip,
@@ -285,9 +291,11 @@ class RepairPanel(PairedPanel, widgets.VBox):
         title = (f"{len(buttons)} node(s) {label}{best}" + ("" if doc.get("minimal") or not buttons else
                                                              ", not proven 1-minimal")
                  + ": click one to select it in the graph (all are ringed there)")
-        self.kept_rows.children = [widgets.HTML(f'<div class="wb-h">{html.escape(title)}</div>')] + buttons \
-            if buttons else [widgets.HTML(message_html(f"nothing {label}: the candidate meets the target as it is"
-                                                       if doc.get("met") else f"nothing {label}", "info"))]
+        self.kept_rows.children = whole + ([widgets.HTML(f'<div class="wb-h">{html.escape(title)}</div>')] + buttons
+                                           if buttons else [] if whole else
+                                           [widgets.HTML(message_html(f"nothing {label}: the candidate meets the "
+                                                                      "target as it is" if doc.get("met") else
+                                                                      f"nothing {label}", "info"))])
         self.outputs_table.value = outputs_html(doc)
         try:
             show_figure(self.chart, repair_outputs_figure(doc))
@@ -300,7 +308,7 @@ class RepairPanel(PairedPanel, widgets.VBox):
         self.download.value = download_html(path, "Download the repaired model") if path else ""
         self.result = result
         self.stale = False
-        self.kept = list(dict.fromkeys(r["node"] for r in repairs))  # every repaired node is ringed
+        self.kept = list(dict.fromkeys(r["node"] for r in repairs if r["node"] != MODEL_NODE))  # ringed
 
     def select(self, node: str) -> None:
         """Select ``node`` in every panel and bring the graph forward."""

@@ -1,5 +1,11 @@
 """The INT8 variant: ONNX Runtime's static QDQ quantizer (TensorRT convention: symmetric int8 activations,
-symmetric per-channel int8 weights), made robust to old opsets, pre-processing failures and -inf masks."""
+symmetric per-channel int8 weights), made robust to old opsets, pre-processing failures and -inf masks.
+
+Placement: ``"all"`` (the default) puts Q/DQ pairs where ONNX Runtime's quantizer does, on the inputs and outputs
+of every op it quantizes (Add, Mul, Sigmoid, Concat, ... as well as Conv and MatMul); ``"weighted"`` on the inputs
+of the weighted ops alone (Conv, ConvTranspose, MatMul, Gemm: their activations and weights), which is TensorRT's
+recommended Q/DQ placement (quantize the inputs of weighted layers, not their outputs; the pointwise ops between
+them fuse into the layers and need no pair of their own)."""
 
 from __future__ import annotations
 
@@ -28,6 +34,9 @@ from .result import VariantResult
 log = logging.getLogger(__name__)
 
 METHODS = ("minmax", "percentile", "entropy")
+PLACEMENTS = ("all", "weighted")
+#: the ops TensorRT's recommended placement quantizes the inputs of ("weighted")
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 _QDQ_OPSET = 13  # DequantizeLinear gained the per-channel `axis` attribute in opset 13
 
 
@@ -42,11 +51,15 @@ def to_int8(
     *,
     activation_type: str = "int8",
     percentile: float = 99.999,
+    placement: str = "all",
 ) -> VariantResult:
     """QDQ INT8 copy of ``model`` calibrated on ``calibration_feeds`` with ``method`` (minmax | percentile |
     entropy). ``ranges`` ({tensor: (lo, hi)}) override calibrated activation ranges. Nodes that read or produce
-    tensors holding NaN/+-inf on the feeds are excluded from quantization, with the reason recorded."""
+    tensors holding NaN/+-inf on the feeds are excluded from quantization, with the reason recorded. ``placement``:
+    ``"all"`` or ``"weighted"`` (the module docstring); ``op_types`` narrows either."""
     method = method.lower()
+    if placement not in PLACEMENTS:
+        raise VariantError(f"unknown Q/DQ placement '{placement}'", f"use one of {', '.join(PLACEMENTS)}")
     if method not in METHODS:
         raise VariantError(f"unknown calibration method '{method}'", f"use one of {', '.join(METHODS)}")
     if activation_type not in ("int8", "uint8"):
@@ -61,8 +74,13 @@ def to_int8(
     notes: list[str] = []
     details: dict[str, Any] = {"calibration_method": method, "calibration_feeds": len(feeds),
                                "per_channel": per_channel, "activation_type": activation_type, "weight_type": "int8",
-                               "symmetric": True, "quant_format": "QDQ", "opset_upgrade": None}
+                               "symmetric": True, "quant_format": "QDQ", "placement": placement, "opset_upgrade": None}
     work = _upgrade_opset(original, details, notes)
+    if placement == "weighted":
+        op_types = [t for t in (op_types or WEIGHTED_OPS) if t in WEIGHTED_OPS]
+        if not op_types:
+            raise VariantError("the weighted placement quantizes the inputs of Conv, ConvTranspose, MatMul and Gemm "
+                               "alone, and none of these op types was asked for", "use placement='all'")
 
     scan = scan_tensors(work, feeds, keep_ranges=method == "minmax")
     if scan.nonfinite and method != "minmax":  # ORT's histogram calibrators fail on inf: collect finite ones here
@@ -76,7 +94,7 @@ def to_int8(
                      f"({', '.join(list(scan.nonfinite)[:4])}); the nodes around them stay float")
 
     quantized = _quantize(work, feeds, scan, method, percentile, per_channel, activation_type, ranges,
-                          [e["node"] for e in excluded], op_types, details, notes)
+                          [e["node"] for e in excluded], op_types, details, notes, inputs_only=placement == "weighted")
     _validate(quantized, feeds[0])
     counts = {op: sum(n.op_type == op for n in quantized.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}
     details.update({"quantize_nodes": counts["QuantizeLinear"], "dequantize_nodes": counts["DequantizeLinear"],
@@ -147,11 +165,13 @@ def _upgrade_opset(model: onnx.ModelProto, details: dict, notes: list[str]) -> o
 def _quantize(
     model: onnx.ModelProto, feeds: list[dict], scan: Any, method: str, percentile: float, per_channel: bool,
     activation_type: str, ranges: dict | None, exclude: list[str], op_types: Sequence[str] | None, details: dict,
-    notes: list[str],
+    notes: list[str], inputs_only: bool = False,
 ) -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     extra: dict[str, Any] = {"ActivationSymmetric": True, "WeightSymmetric": True}
+    if inputs_only and op_types:  # no pair on the outputs of the ops quantized (TensorRT's placement)
+        extra["OpTypesToExcludeOutputQuantization"] = list(op_types)
     if method == "percentile":
         extra["CalibPercentile"] = percentile
     if ranges:
