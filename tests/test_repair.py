@@ -112,9 +112,10 @@ def test_external_data_mlp_keeps_its_flushed_matmul(tmp_path):
 
 
 def test_int8_outlier_needs_the_outlier_path_unquantized(tmp_path):
-    """In ONNX Runtime's Q/DQ placement (``keep_placement``): the outlier column of /mlp/fc2/Add crushes every ordinary value of that tensor's INT8 view. Dropping the
-    Q/DQ on fc2/Add's output lets relu2 read float, and keeping fc3/MatMul lets it read relu2's float output
-    (past relu2's own Q/DQ, whose scale the outlier sets too) with float weights: both are needed."""
+    """In ONNX Runtime's Q/DQ placement (``keep_placement``): the outlier column of /mlp/fc2/Add crushes every
+    ordinary value of that tensor's INT8 view. Dropping the Q/DQ on fc2/Add's output lets relu2 read float, and
+    keeping fc3/MatMul lets it read relu2's float output (past relu2's own Q/DQ, whose scale the outlier sets too)
+    with float weights: both are needed."""
     model = SAMPLES / "int8_outlier.onnx"
     feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
     res = repair(str(model), "ort", "ort:int8", feeds=feeds, out=tmp_path / "fixed.onnx", keep_placement=True)

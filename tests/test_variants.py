@@ -264,7 +264,6 @@ def test_int8_fast_path_is_ort_own_pipeline_bit_for_bit(tmp_path, case):
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from workbench.variants.calibration import data_reader
-
     from workbench.variants.int8 import WEIGHTED_OPS
 
     per_channel, weighted = case != "outlier per-tensor", case.endswith("weighted")

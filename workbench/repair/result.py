@@ -103,9 +103,9 @@ class RepairResult:
         from .qdq_placement import MODEL_NODE
         from .rewrites import KEPT_KINDS
 
-        whole = [r for r in self.repairs if r.get("node") == MODEL_NODE]
-        for r in whole:  # a rewrite of the whole model (the Q/DQ placement): before the nodes' own
-            lines.insert(len(lines) - 1, f"  rewritten, the whole model ({r['kind']}): {safe_name(r.get('detail', ''))}")
+        for r in (r for r in self.repairs if r.get("node") == MODEL_NODE):  # the whole model (Q/DQ placement),
+            detail = safe_name(r.get("detail", ""))  # said before the nodes removed from it
+            lines.insert(len(lines) - 1, f"  rewritten, the whole model ({r['kind']}): {detail}")
         rewrites = [r for r in self.repairs if r.get("kind") not in KEPT_KINDS and r.get("node") != MODEL_NODE]
         if rewrites:
             lines.append("  rewritten, kept in the candidate precision: " + "; ".join(
