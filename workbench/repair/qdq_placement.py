@@ -5,9 +5,10 @@ The tool's own INT8 variant places pairs where ONNX Runtime's quantizer does: on
 it quantizes, the Adds, Muls, HardSigmoids and Concats between the weighted layers included. TensorRT's guide
 places them on the inputs of the weighted layers only (their outputs stay unquantized; the pointwise ops after
 them fuse into the layer), so each pointwise op's rounding is not added to the error. On held-out rendered pages
-and crops it is the more faithful model of the two on every PP-OCR model measured (v4/v3/v5 detectors: 8, 8 and 4
-of 8 pages read as in FP32 instead of 0, 0 and 0; v4 and v5 recognizers: 5 of 8 crops instead of 2 and 0), with a
-third as many pairs (55-71 instead of 315-390), and a quarter to a half of the quantization time.
+and crops it is the more faithful model of the two on 5 of the 7 PP-OCR models measured and as faithful on the
+other two (v4/v3/v5 detectors: 8, 8 and 4 of 8 pages read as in FP32 instead of 0, 0 and 0; v4 and v5
+recognizers: 5 of 8 crops instead of 2 and 0; v3 recognizer 0 and classifier 8 either way), with a fifth to a
+third as many pairs (53-71 instead of 253-390), in a third to a half of the quantization time.
 
 :func:`placement_first` tries it when the candidate as converted misses the target: the FP32 model quantized again
 with the weighted placement (the same recipe and calibration feeds otherwise), judged on every feed. When it meets
