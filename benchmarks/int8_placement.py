@@ -29,11 +29,11 @@ DEFAULT_MODELS = ["ppocr-det", "ppocrv3-det", "ppocrv5-det", "ppocr-rec", "ppocr
 
 
 def measure(model: str, work: Path) -> list[dict]:
+    import int8_qdq_truth as Q
     import onnx
     from anchors_int8 import KINDS, _feeds, _session, prepare
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    import int8_qdq_truth as Q
     from workbench.variants.calibration import data_reader
 
     kind = KINDS[model]
