@@ -5,8 +5,9 @@ anchors' models, calibration and held-out sets (benchmarks/anchors_int8.py ``pre
     python benchmarks/int8_placement.py [--models ppocr-det ppocr-rec ...] [--work DIR] [--out FILE]
 
 Each model is quantized both ways by ONNX Runtime's ``quantize_static`` called directly (MinMax, symmetric INT8,
-per-channel weights: the workbench's INT8 recipe; TensorRT's placement = ``op_types_to_quantize`` the weighted ops
-and ``OpTypesToExcludeOutputQuantization`` the same), then run on onnxruntime beside the FP32 model on the held-out
+per-channel weights: the workbench's INT8 recipe; TensorRT's placement = ``op_types_to_quantize`` the weighted ops,
+``OpTypesToExcludeOutputQuantization`` the same and ``DedicatedQDQPair``: each pair on one weighted op's input edge,
+other readers of the tensor reading it float), then run on onnxruntime beside the FP32 model on the held-out
 set, and judged by the task (scripts/int8_qdq_truth.py: decoded text, class, text mask, hidden-state argmax):
 how many held-out feeds read as in FP32, the mean task error, the QuantizeLinear count and the quantization time.
 """
@@ -23,7 +24,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 WEIGHTED = ["Conv", "ConvTranspose", "MatMul", "Gemm"]
-PLACEMENTS = {"onnxruntime": (None, {}), "tensorrt": (WEIGHTED, {"OpTypesToExcludeOutputQuantization": WEIGHTED})}
+PLACEMENTS = {"onnxruntime": (None, {}),
+              "tensorrt": (WEIGHTED, {"OpTypesToExcludeOutputQuantization": WEIGHTED, "DedicatedQDQPair": True})}
 DEFAULT_MODELS = ["ppocr-det", "ppocrv3-det", "ppocrv5-det", "ppocr-rec", "ppocrv3-rec", "ppocrv5-rec", "ppocr-cls",
                   "bert-L2"]
 

@@ -276,7 +276,7 @@ def test_int8_fast_path_is_ort_own_pipeline_bit_for_bit(tmp_path, case):
     ours = to_int8(model, feeds, per_channel=per_channel, placement="weighted" if weighted else "all")
     assert ours.details["calibrator"].startswith("ORT minmax ranges from the tensor scan")
     assert ours.details["placement"] == ("weighted" if weighted else "all")
-    extra = {"OpTypesToExcludeOutputQuantization": list(WEIGHTED_OPS)} if weighted else {}
+    extra = {"OpTypesToExcludeOutputQuantization": list(WEIGHTED_OPS), "DedicatedQDQPair": True} if weighted else {}
     onnx.save(model, tmp_path / "m.onnx")
     quant_pre_process(str(tmp_path / "m.onnx"), str(tmp_path / "pre.onnx"), skip_optimization=True)
     quantize_static(str(tmp_path / "pre.onnx"), str(tmp_path / "q.onnx"), data_reader(feeds),
@@ -285,10 +285,62 @@ def test_int8_fast_path_is_ort_own_pipeline_bit_for_bit(tmp_path, case):
                     op_types_to_quantize=list(WEIGHTED_OPS) if weighted else None,
                     extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, **extra})
     assert _graph_key(ours.model) == _graph_key(onnx.load(str(tmp_path / "q.onnx")))
-    if weighted:  # every pair feeds a weighted op: no Add, Relu or BatchNormalization output is quantized
-        consumers = {i: n.op_type for n in ours.model.graph.node for i in n.input}
+    if weighted:  # every pair feeds one weighted op alone: no other reader of a tensor reads it quantized
+        readers: dict[str, list] = {}
+        for n in ours.model.graph.node:
+            for i in n.input:
+                readers.setdefault(i, []).append(n.op_type)
         deq = [n for n in ours.model.graph.node if n.op_type == "DequantizeLinear"]
-        assert deq and all(consumers.get(n.output[0]) in WEIGHTED_OPS for n in deq)
+        assert deq and all(len(readers[n.output[0]]) == 1 and readers[n.output[0]][0] in WEIGHTED_OPS for n in deq)
+
+
+def _residual_model() -> onnx.ModelProto:
+    """x -> MatMul(w1) -> h -> Relu -> r; r feeds MatMul(w2) and, beside it, the residual Add(r, MatMul(w2))."""
+    rng = np.random.default_rng(11)
+    w1 = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32) * 0.1, "w2")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="/fc1/MatMul"),
+         helper.make_node("Relu", ["h"], ["r"], name="/act/Relu"),
+         helper.make_node("MatMul", ["r", "w2"], ["z"], name="/fc2/MatMul"),
+         helper.make_node("Add", ["r", "z"], ["y"], name="/residual/Add")], "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_int8_weighted_placement_leaves_side_readers_float(tmp_path):
+    """The Relu's output feeds a MatMul (quantized) and a residual Add: in TensorRT's placement the Add reads the
+    float tensor. The model computes what ONNX Runtime's quantizer makes (called directly, weighted ops alone) once
+    that reader is moved back to the float tensor by hand here, and differs from it before."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    from workbench.variants.calibration import data_reader
+
+    model = _residual_model()
+    rng = np.random.default_rng(5)
+    feeds = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(4)]
+    ours = to_int8(model, feeds, placement="weighted")
+    assert ours.details["float_side_readers"] == 1
+    readers: dict[str, list] = {}
+    for n in ours.model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n.op_type)
+    assert readers["r"] == ["QuantizeLinear", "Add"]  # the Add reads the float tensor, the MatMul its pair
+    onnx.save(model, tmp_path / "m.onnx")
+    quantize_static(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), data_reader(feeds),
+                    quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"], per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                                   "OpTypesToExcludeOutputQuantization": ["MatMul"], "DedicatedQDQPair": True})
+    direct = onnx.load(str(tmp_path / "q.onnx"))
+    before = _run(direct, feeds[0])
+    add = next(n for n in direct.graph.node if n.op_type == "Add")
+    add.input[0] = "r"  # the float tensor before the pair
+    np.testing.assert_array_equal(_run(ours.model, feeds[0]), _run(direct, feeds[0]))
+    assert not np.array_equal(before, _run(direct, feeds[0]))
 
 
 def test_int8_placement_is_checked():
