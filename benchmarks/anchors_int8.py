@@ -6,8 +6,8 @@
     (benchmarks/bench_repair_anchors.py imports run_int8(args) -> rows)
 
 Models: PP-OCR recognizer, direction classifier and text detector from the rapidocr wheels, the PP-OCRv3 and v5
-detectors and recognizers (scripts/fetch_models.py), and ``bert-L2``, the 2-layer BERT-base-like encoder of benchmarks/bert_model.py (random
-weights), prepared once as every tool's FP32 input (opset 13 or above, Constant weights as initializers, ORT shape
+detectors and recognizers (scripts/fetch_models.py), and ``bert-L2``, the 2-layer BERT-base-like encoder of
+benchmarks/bert_model.py (random weights), prepared once as every tool's FP32 input (opset 13 or above, Constant weights as initializers, ORT shape
 inference: scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops (det: pages; bert: random token
 sequences) to calibrate on, 8 held-out ones to judge on (cls: every other one rotated 180 degrees). Task: the
 held-out crop decodes (rec, greedy CTC) / classifies (cls) as the FP32 model does, the page's text mask flips < 0.5%
