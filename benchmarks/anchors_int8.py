@@ -7,13 +7,13 @@
 
 Models: PP-OCR recognizer, direction classifier and text detector from the rapidocr wheels, the PP-OCRv3 and v5
 detectors and recognizers (scripts/fetch_models.py), and ``bert-L2``, the 2-layer BERT-base-like encoder of
-benchmarks/bert_model.py (random weights), prepared once as every tool's FP32 input (opset 13 or above, Constant weights as initializers, ORT shape
-inference: scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops (det: pages; bert: random token
-sequences) to calibrate on, 8 held-out ones to judge on (cls: every other one rotated 180 degrees). Task: the
-held-out crop decodes (rec, greedy CTC) / classifies (cls) as the FP32 model does, the page's text mask flips < 0.5%
-of its pixels (det), the hidden state keeps FP32's argmax over the hidden units on >= 99% of the tokens (bert);
-both tools must keep agreement at 1.0 (NNCF: ``max_drop=0.01`` absolute on the mean agreement over the 8 crops,
-i.e. none may change; ours: ``--metric ... --target '>=1'`` on every crop).
+benchmarks/bert_model.py (random weights), prepared once as every tool's FP32 input (opset 13 or above, Constant
+weights as initializers, ORT shape inference: scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops
+(det: pages; bert: random token sequences) to calibrate on, 8 held-out ones to judge on (cls: every other one
+rotated 180 degrees). Task: the held-out crop decodes (rec, greedy CTC) / classifies (cls) as the FP32 model does,
+the page's text mask flips < 0.5% of its pixels (det), the hidden state keeps FP32's argmax over the hidden units on
+>= 99% of the tokens (bert); both tools must keep agreement at 1.0 (NNCF: ``max_drop=0.01`` absolute on the mean
+agreement over the 8 crops, i.e. none may change; ours: ``--metric ... --target '>=1'`` on every crop).
 
 Ours, one process: ``workbench repair FP32 --cand ort:int8 --calib CALIB --inputs HELDOUT --metric
 scripts/int8_qdq_truth.py:agree_rec --target '>=1' --out fixed.onnx --json r.json``. NNCF, one process:
