@@ -13,8 +13,9 @@ third as many pairs (53-71 instead of 253-390), in a third to a half of the quan
 :func:`placement_first` tries it when the candidate as converted misses the target: the FP32 model quantized again
 with the weighted placement (the same recipe and calibration feeds otherwise), judged on every feed. When it meets
 the target it is the repaired model (``qdq-placement`` in ``repairs``, nothing removed). When it misses on no more
-feeds than the candidate as converted, the search goes on from it (its pool: the nodes around its pairs, each
-removal one weighted layer's input or weight back in float); else from the candidate as converted, as without it.
+feeds than the candidate as converted, the search goes on from it, its units the weighted layers
+(:func:`weighted_units`: each one's input pair removed and its FP32 weight restored); else from the candidate as
+converted, as without it.
 """
 
 from __future__ import annotations
