@@ -6,10 +6,10 @@ anchors' models, calibration and held-out sets (benchmarks/anchors_int8.py ``pre
 
 Each model is quantized both ways by ONNX Runtime's ``quantize_static`` called directly (MinMax, symmetric INT8,
 per-channel weights: the workbench's INT8 recipe; TensorRT's placement = ``op_types_to_quantize`` the weighted ops,
-``OpTypesToExcludeOutputQuantization`` the same and ``DedicatedQDQPair``: each pair on one weighted op's input edge,
-other readers of the tensor reading it float), then run on onnxruntime beside the FP32 model on the held-out
-set, and judged by the task (scripts/int8_qdq_truth.py: decoded text, class, text mask, hidden-state argmax):
-how many held-out feeds read as in FP32, the mean task error, the QuantizeLinear count and the quantization time.
+``OpTypesToExcludeOutputQuantization`` the same and ``DedicatedQDQPair``), then run on onnxruntime beside the FP32
+model on the held-out set, and judged by the task (scripts/int8_qdq_truth.py: decoded text, class, text
+mask, hidden-state argmax): how many held-out feeds read as in FP32, the mean task error, the QuantizeLinear count
+and the quantization time.
 """
 
 from __future__ import annotations

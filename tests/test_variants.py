@@ -311,36 +311,28 @@ def _residual_model() -> onnx.ModelProto:
     return model
 
 
-def test_int8_weighted_placement_leaves_side_readers_float(tmp_path):
-    """The Relu's output feeds a MatMul (quantized) and a residual Add: in TensorRT's placement the Add reads the
-    float tensor. The model computes what ONNX Runtime's quantizer makes (called directly, weighted ops alone) once
-    that reader is moved back to the float tensor by hand here, and differs from it before."""
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
-
-    from workbench.variants.calibration import data_reader
-
+def test_int8_repair_in_tensorrts_placement_can_free_a_side_reader():
+    """The Relu's output feeds a MatMul (quantized in TensorRT's placement) and, beside it, the residual Add, which
+    reads the same DequantizeLinear output as ONNX Runtime writes the model: the search's units are every reader
+    of an activation's pair, the Add among them, so removing them all gives back the FP32 model's outputs
+    (onnxruntime, bit for bit)."""
+    from workbench.repair.islands import IslandBuilder
+    from workbench.repair.qdq_placement import pair_readers
     model = _residual_model()
     rng = np.random.default_rng(5)
     feeds = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(4)]
     ours = to_int8(model, feeds, placement="weighted")
-    assert ours.details["float_side_readers"] == 1
     readers: dict[str, list] = {}
     for n in ours.model.graph.node:
         for i in n.input:
             readers.setdefault(i, []).append(n.op_type)
-    assert readers["r"] == ["QuantizeLinear", "Add"]  # the Add reads the float tensor, the MatMul its pair
-    onnx.save(model, tmp_path / "m.onnx")
-    quantize_static(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), data_reader(feeds),
-                    quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"], per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
-                                   "OpTypesToExcludeOutputQuantization": ["MatMul"], "DedicatedQDQPair": True})
-    direct = onnx.load(str(tmp_path / "q.onnx"))
-    before = _run(direct, feeds[0])
-    add = next(n for n in direct.graph.node if n.op_type == "Add")
-    add.input[0] = "r"  # the float tensor before the pair
-    np.testing.assert_array_equal(_run(ours.model, feeds[0]), _run(direct, feeds[0]))
-    assert not np.array_equal(before, _run(direct, feeds[0]))
+    shared = [n for n in ours.model.graph.node if n.op_type == "DequantizeLinear" and "Add" in readers[n.output[0]]]
+    assert len(shared) == 1 and readers[shared[0].output[0]] == ["MatMul", "Add"]
+    builder = IslandBuilder(ours.model, model)
+    units = pair_readers(builder)
+    assert units == ["/fc1/MatMul", "/fc2/MatMul", "/residual/Add"]
+    np.testing.assert_array_equal(_run(builder.build(units), feeds[0]), _run(model, feeds[0]))
+    assert not np.array_equal(_run(builder.build(units[:2]), feeds[0]), _run(model, feeds[0]))
 
 
 def test_int8_placement_is_checked():

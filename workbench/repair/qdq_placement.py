@@ -14,7 +14,7 @@ third as many pairs (53-71 instead of 253-390), in a third to a half of the quan
 with the weighted placement (the same recipe and calibration feeds otherwise), judged on every feed. When it meets
 the target it is the repaired model (``qdq-placement`` in ``repairs``, nothing removed). When it misses on no more
 feeds than the candidate as converted, the search goes on from it, its units the weighted layers
-(:func:`weighted_units`: each one's input pair removed and its FP32 weight restored); else from the candidate as
+(:func:`pair_readers`: each one's input pair removed and its FP32 weight restored); else from the candidate as
 converted, as without it.
 """
 
@@ -76,7 +76,7 @@ def placement_first(ev, plan, baseline, notes: list[str], timing: dict):
               f"{_details(plan).get('quantize_nodes', '?')}")
     rewrite = Rewrite(MODEL_NODE, KIND, detail)
     builder = IslandBuilder(variant.model, plan.ref_model)
-    builder.units = weighted_units(builder, WEIGHTED_OPS)
+    builder.units = pair_readers(builder)
     ev.rebase(builder)
     if evaluation.met:
         log.info("repair: the weighted Q/DQ placement meets the target")
@@ -87,12 +87,20 @@ def placement_first(ev, plan, baseline, notes: list[str], timing: dict):
     return [rewrite], evaluation, builder
 
 
-def weighted_units(builder, ops) -> list[str]:
-    """The search's units in this placement: the named weighted nodes (``ops``) that read a DequantizeLinear
-    output, in graph order. Each pair sits on a weighted node's input, so removing it around that node (its
-    activation read before the pair, its FP32 weight restored) is the one choice per layer TensorRT has: the layer
-    in INT8 or in float. Removing a pair around its producer instead (an Add, a Relu) would only measure the same
-    pair again, without the weight."""
+def pair_readers(builder) -> list[str]:
+    """The search's units in this placement, in graph order: the named nodes that read an activation's
+    DequantizeLinear output -- the weighted nodes the pairs are for, and any other reader ONNX Runtime's
+    quantizer hands the same output (a residual Add beside a MatMul). Removing a weighted node's pairs (its input
+    read before the pair, its FP32 weight restored) is TensorRT's one choice per layer: INT8 or float; with every
+    unit removed the model is the FP32 one. The producers of the quantized tensors are not units: removing a pair
+    around one would measure the same pair again, at twice the ordering cost."""
     idx = builder.idx
-    return [n.name for n in idx.nodes if n.name and n.op_type in ops and n.name not in idx.sub_names and any(
-        (p := idx.producer.get(i)) is not None and p.op_type == "DequantizeLinear" for i in n.input)]
+    consts = set(idx.consts)
+
+    def activation_pair(name: str) -> bool:
+        dq = idx.producer.get(name)
+        q = idx.producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        return q is not None and q.op_type == "QuantizeLinear" and q.input[0] not in consts
+
+    return [n.name for n in idx.nodes if n.name and n.op_type not in ("QuantizeLinear", "DequantizeLinear")
+            and n.name not in idx.sub_names and any(activation_pair(i) for i in n.input)]

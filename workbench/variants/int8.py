@@ -5,8 +5,8 @@ Placement: ``"all"`` (the default) puts Q/DQ pairs where ONNX Runtime's quantize
 of every op it quantizes (Add, Mul, Sigmoid, Concat, ... as well as Conv and MatMul); ``"weighted"`` on the inputs
 of the weighted ops alone (Conv, ConvTranspose, MatMul, Gemm: their activations and weights), which is TensorRT's
 recommended Q/DQ placement (quantize the inputs of weighted layers, not their outputs; the pointwise ops between
-them fuse into the layers and need no pair of their own), each pair on the weighted op's input edge alone: another
-reader of the same tensor (a residual Add) reads it in float."""
+them fuse into the layers and need no pair of their own). As ONNX Runtime's quantizer writes it, another reader of
+a tensor a weighted op quantizes (a residual Add) reads the same DequantizeLinear output."""
 
 from __future__ import annotations
 
@@ -176,8 +176,8 @@ def _quantize(
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     extra: dict[str, Any] = {"ActivationSymmetric": True, "WeightSymmetric": True}
-    if inputs_only and op_types:  # TensorRT's placement: no pair on the outputs of the ops quantized, and each
-        # pair on one weighted op's input edge alone (another reader of the tensor, a residual Add, reads it float)
+    if inputs_only and op_types:  # TensorRT's placement: no pair on the outputs of the ops quantized, a pair of
+        # its own on each weighted op's input edge
         extra.update(placement_options(op_types))
     if method == "percentile":
         extra["CalibPercentile"] = percentile
@@ -254,47 +254,8 @@ def _quantize(
 
             quantized = onnx.load(str(output), load_external_data=False)
             map_files(quantized, Path(tmp))
-        else:
-            quantized = onnx.load(str(output))
-        if inputs_only and op_types:
-            moved = drop_side_pairs(quantized, op_types)
-            if moved:
-                details["float_side_readers"] = moved
-        return quantized
-
-
-def drop_side_pairs(model: onnx.ModelProto, op_types: Sequence[str]) -> int:
-    """In place: readers of a quantized activation that are not ``op_types`` read the float tensor instead of its
-    DequantizeLinear -- quantize_static hands a tensor's DequantizeLinear output to every reader, a residual Add beside
-    the MatMul that asked for the pair included, where TensorRT's placement quantizes the weighted op's input alone;
-    a pair left with no reader is removed. -> the number of readers moved to the float tensor."""
-    g = model.graph
-    producer = {o: n for n in g.node for o in n.output}
-    readers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
-    consts = {t.name for t in g.initializer}
-    outputs = {o.name for o in g.output}
-    moved, drop = 0, set()
-    for dq in list(g.node):
-        if dq.op_type != "DequantizeLinear" or dq.output[0] in outputs:
-            continue
-        q = producer.get(dq.input[0])
-        if q is None or q.op_type != "QuantizeLinear" or q.input[0] in consts:
-            continue  # a weight's pair, or a DequantizeLinear of a stored INT8 tensor
-        users = readers.get(dq.output[0], [])
-        side = [u for u in users if u.op_type not in op_types]
-        for u in side:
-            u.input[:] = [q.input[0] if i == dq.output[0] else i for i in u.input]
-        moved += len(side)
-        if side and len(side) == len(users) and len(readers.get(q.output[0], [])) == 1:
-            drop.update((id(q), id(dq)))
-    if drop:
-        kept = [n for n in g.node if id(n) not in drop]
-        del g.node[:]
-        g.node.extend(kept)
-    return moved
+            return quantized
+        return onnx.load(str(output))
 
 
 def _ort_quantize_module():
