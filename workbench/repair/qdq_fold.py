@@ -26,7 +26,6 @@ FP32 (``keep_fp32``) are left unfolded.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -35,6 +34,7 @@ import onnx
 from onnx import TensorProto
 
 from .graph import GraphIndex
+from .requantize import quantize_and_judge
 from .rewrites import Rewrite, RewriteFinder, apply_rewrites
 
 log = logging.getLogger(__name__)
@@ -90,19 +90,14 @@ def fold_first(ev, plan, baseline, notes: list[str], timing: dict):
     rewrites = foldable_batchnorms(plan.ref_model, skip=plan.options.keep_fp32 or ())
     if not rewrites:
         return [], baseline
-    t0 = time.perf_counter()
     folded = fold_batchnorms(plan.ref_model, rewrites)
-    try:
-        candidate = plan.variant_of(folded, plan.cand_spec).model
-        evaluation = ev.evaluate([f"fold-bn:{rw.node}" for rw in rewrites], model=candidate, role="rewrite")
-    except Exception as e:  # noqa: BLE001 - the quantizer's (assorted) or the engine's error on the folded graph
-        log.info("fold before quantization failed", exc_info=True)
-        timing["fold_s"] = round(time.perf_counter() - t0, 3)
-        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    variant, evaluation, why = quantize_and_judge(ev, plan, folded, [f"fold-bn:{rw.node}" for rw in rewrites],
+                                                  "fold_s", timing)
+    if variant is None:
         notes.append(f"folding {len(rewrites)} BatchNormalization(s) before quantization was not tried: the folded "
                      f"model could not be quantized or run ({why}); searched the candidate as converted")
         return [], baseline
-    timing["fold_s"] = round(time.perf_counter() - t0, 3)
+    candidate = variant.model
     if not evaluation.met:
         names = ", ".join(rw.node for rw in rewrites[:4]) + (", ..." if len(rewrites) > 4 else "")
         notes.append(f"{len(rewrites)} BatchNormalization(s) folded into their Conv before quantization ({names}) "

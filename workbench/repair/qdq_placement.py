@@ -8,7 +8,7 @@ them fuse into the layer), so each pointwise op's rounding is not added to the e
 and crops it is the more faithful model of the two on 5 of the 7 PP-OCR models measured and as faithful on the
 other two (v4/v3/v5 detectors: 8, 8 and 4 of 8 pages read as in FP32 instead of 0, 0 and 0; v4 and v5
 recognizers: 5 of 8 crops instead of 2 and 0; v3 recognizer 0 and classifier 8 either way), with a fifth to a
-third as many pairs (53-71 instead of 253-390), in a third to a half of the quantization time.
+third as many pairs (53-74 instead of 253-390), in a third to a half of the quantization time.
 
 :func:`placement_first` tries it when the candidate as converted misses the target: the FP32 model quantized again
 with the weighted placement (the same recipe and calibration feeds otherwise), judged on every feed. When it meets
@@ -21,8 +21,8 @@ converted, as without it.
 from __future__ import annotations
 
 import logging
-import time
 
+from .requantize import quantize_and_judge
 from .rewrites import Rewrite
 
 log = logging.getLogger(__name__)
@@ -51,18 +51,12 @@ def placement_first(ev, plan, baseline, notes: list[str], timing: dict):
 
     if ev.builder.kind != "qdq" or baseline.met or not applies(plan):
         return [], baseline, None
-    t0 = time.perf_counter()
-    try:
-        variant = plan.variant_of(plan.ref_model, plan.cand_spec, placement="weighted")
-        evaluation = ev.evaluate([KIND], model=variant.model, role="rewrite")
-    except Exception as e:  # noqa: BLE001 - the quantizer's (assorted) or the engine's error on the new graph
-        log.info("the weighted placement failed", exc_info=True)
-        timing["placement_s"] = round(time.perf_counter() - t0, 3)
-        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    variant, evaluation, why = quantize_and_judge(ev, plan, plan.ref_model, [KIND], "placement_s", timing,
+                                                  placement="weighted")
+    if variant is None:
         notes.append(f"quantizing the inputs of the weighted ops alone (TensorRT's placement) was not tried: the "
                      f"model could not be quantized or run that way ({why}); searched the candidate as converted")
         return [], baseline, None
-    timing["placement_s"] = round(time.perf_counter() - t0, 3)
     pairs = variant.details.get("quantize_nodes", 0)
     before = baseline.judgement.failing
     if not evaluation.met and evaluation.judgement.failing > before:
