@@ -185,6 +185,28 @@ def test_int8_repair_first_quantizes_again_in_tensorrts_placement(tmp_path):
     assert max(norm_mean_abs(r[0], c[0]) for r, c in zip(refs, got)) > 0.1  # it needs the pair removed
 
 
+def test_int8_placement_that_cannot_be_made_is_a_note_and_the_old_search(monkeypatch):
+    """When the FP32 model cannot be quantized in TensorRT's placement (the quantizer's or the engine's error),
+    repair says so in a note and searches the variant as converted, as with keep_placement."""
+    from workbench.compare.plan import ComparisonPlan
+    from workbench.errors import VariantError
+
+    real = ComparisonPlan.variant_of
+
+    def failing(self, model, spec, **options):
+        if options.get("placement") == "weighted":
+            raise VariantError("ONNX Runtime's quantize_static failed: planted")
+        return real(self, model, spec, **options)
+
+    monkeypatch.setattr(ComparisonPlan, "variant_of", failing)
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
+    res = repair(str(SAMPLES / "int8_outlier.onnx"), "ort", "ort:int8", feeds=feeds, verify=None)
+    assert res.met and sorted(res.kept) == ["/mlp/fc2/Add", "/mlp/fc3/MatMul"]
+    assert any(n.startswith("quantizing the inputs of the weighted ops alone (TensorRT's placement) was not tried")
+               and "planted" in n for n in res.notes), res.notes
+    assert "placement_s" in res.timing and all(r["kind"] == "remove-qdq" for r in res.repairs)
+
+
 def test_overflowing_conv_keeps_its_consumer_wide(tmp_path):
     """ref:fp16 (numpy FP16 arithmetic): /stage2/conv/Conv's values exceed 65504, so its FP32 island alone would
     overflow when cast back; the consumer that scales them down stays FP32 too."""
