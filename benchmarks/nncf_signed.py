@@ -46,10 +46,9 @@ def signed(model):
 
 
 def main(argv: list[str] | None = None) -> int:
+    import int8_qdq_truth as Q
     import onnx
     from anchors_int8 import KINDS, _feeds, _session
-
-    import int8_qdq_truth as Q
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, required=True, help="benchmarks/anchors_int8.py's --work folder")
