@@ -62,5 +62,6 @@ def test_tensorrt_format_makes_activation_pairs_signed_and_per_tensor():
         expect = np.clip(np.round(x / scale), -128, 127) * scale  # numpy: the signed per-tensor pair
         w_q = next(t for t in model.graph.initializer if t.name == "w_q")
         w = numpy_helper.to_array(w_q).astype(np.float32) * 0.01
-        got = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        session = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = session.run(None, {"x": x})
         np.testing.assert_allclose(got[0], expect.astype(np.float32) @ w, rtol=1e-5, atol=1e-6)
