@@ -332,19 +332,20 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
                 island_pool = pool
             kept, minimal = search(ev, pool, before, start if placed is not None else 1)
         builder = ev.builder
+        weights = spill_placed if builder is placed else spill  # the searched model's mapped weights
         timing["search_s"] = time.perf_counter() - t1
         if kept is not None and not kept and not rewritten and before.met:  # the candidate as converted, judged
             final, repaired = before, plan.cand_model
         elif kept is not None and not kept and folds:  # the folded model as quantized, judged on every feed
             final, repaired = base, ev.builder.candidate
         else:
-            final, repaired = _verify_on_candidate(ev, builder, kept, spill_placed if builder is placed else spill)
+            final, repaired = _verify_on_candidate(ev, builder, kept, weights)
         if kept is not None and not final.met and any(e.how == "switch" for e in ev.evaluations):
             notes.append("the switchable model met the target but the repaired model does not on the candidate "
                          "engine (its fusions differ): searched again with one build per set")
             ev.drop_switch()
             kept, minimal = search(ev, island_pool, base if rewritten else before)
-            final, repaired = _verify_on_candidate(ev, builder, kept, spill_placed if builder is placed else spill)
+            final, repaired = _verify_on_candidate(ev, builder, kept, weights)
     finally:
         ev.close()
         if workers is not None:

@@ -68,6 +68,9 @@ class IslandBuilder:
         self.ref_consts = ref_consts if ref_consts is not None else constants(reference)
         self.ref_nodes = ref_nodes if ref_nodes is not None else {n.name: n for n in reference.graph.node if n.name}
         self.position = self.idx.position
+        #: the search's units where they are not every node around a pair (set by the placement rewrite:
+        #: :func:`workbench.repair.qdq_placement.pair_readers`); None: :func:`.qdq_order.quantized_nodes` finds them
+        self.units: list[str] | None = None
         if self.kind == "qdq":  # Relu/Clip the quantizer folded into Q/DQ ranges (float readers need them back)
             from .qdq_folded import folded_activations
 

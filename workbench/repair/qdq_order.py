@@ -42,10 +42,9 @@ CONFIRM = 32
 def quantized_nodes(builder: IslandBuilder) -> list[str]:
     """Named top-level compute nodes of the candidate that read a DequantizeLinear output or feed a
     QuantizeLinear, in graph order; the builder's own ``units`` where it has them (in TensorRT's placement, the
-    weighted nodes: :mod:`workbench.repair.qdq_placement`)."""
-    units = getattr(builder, "units", None)
-    if units is not None:
-        return list(units)
+    readers of activation pairs: :func:`workbench.repair.qdq_placement.pair_readers`)."""
+    if builder.units is not None:
+        return list(builder.units)
     idx = builder.idx
     out = []
     for node in idx.nodes:

@@ -13,9 +13,9 @@ third as many pairs (53-74 instead of 253-390), in a third to a half of the quan
 :func:`placement_first` tries it when the candidate as converted misses the target: the FP32 model quantized again
 with the weighted placement (the same recipe and calibration feeds otherwise), judged on every feed. When it meets
 the target it is the repaired model (``qdq-placement`` in ``repairs``, nothing removed). When it misses on no more
-feeds than the candidate as converted, the search goes on from it, its units the weighted layers
-(:func:`pair_readers`: each one's input pair removed and its FP32 weight restored); else from the candidate as
-converted, as without it.
+feeds than the candidate as converted, the search goes on from it, its units the readers of activation pairs
+(:func:`pair_readers`: mostly one per weighted layer, its input pair removed and its FP32 weight restored); else
+from the candidate as converted, as without it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def applies(plan) -> bool:
 
 
 def _details(plan) -> dict:
-    return (getattr(plan, "variant_info", None) or {}).get("details") or {}
+    return plan.variant_info.get("details") or {}
 
 
 def placement_first(ev, plan, baseline, notes: list[str], timing: dict):

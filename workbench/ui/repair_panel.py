@@ -291,11 +291,14 @@ class RepairPanel(PairedPanel, widgets.VBox):
         title = (f"{len(buttons)} node(s) {label}{best}" + ("" if doc.get("minimal") or not buttons else
                                                              ", not proven 1-minimal")
                  + ": click one to select it in the graph (all are ringed there)")
-        self.kept_rows.children = whole + ([widgets.HTML(f'<div class="wb-h">{html.escape(title)}</div>')] + buttons
-                                           if buttons else [] if whole else
-                                           [widgets.HTML(message_html(f"nothing {label}: the candidate meets the "
-                                                                      "target as it is" if doc.get("met") else
-                                                                      f"nothing {label}", "info"))])
+        if buttons:
+            rows = [widgets.HTML(f'<div class="wb-h">{html.escape(title)}</div>'), *buttons]
+        elif whole:  # the whole model rewritten, no node removed from it
+            rows = []
+        else:
+            rows = [widgets.HTML(message_html(f"nothing {label}: the candidate meets the target as it is"
+                                              if doc.get("met") else f"nothing {label}", "info"))]
+        self.kept_rows.children = whole + rows
         self.outputs_table.value = outputs_html(doc)
         try:
             show_figure(self.chart, repair_outputs_figure(doc))

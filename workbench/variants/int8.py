@@ -38,11 +38,6 @@ METHODS = ("minmax", "percentile", "entropy")
 PLACEMENTS = ("all", "weighted")
 #: the ops TensorRT's recommended placement quantizes the inputs of ("weighted")
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
-
-
-def placement_options(op_types: Sequence[str]) -> dict[str, Any]:
-    """quantize_static's extra options for the weighted placement of ``op_types``."""
-    return {"OpTypesToExcludeOutputQuantization": list(op_types), "DedicatedQDQPair": True}
 _QDQ_OPSET = 13  # DequantizeLinear gained the per-channel `axis` attribute in opset 13
 
 
@@ -178,7 +173,7 @@ def _quantize(
     extra: dict[str, Any] = {"ActivationSymmetric": True, "WeightSymmetric": True}
     if inputs_only and op_types:  # TensorRT's placement: no pair on the outputs of the ops quantized, a pair of
         # its own on each weighted op's input edge
-        extra.update(placement_options(op_types))
+        extra.update(OpTypesToExcludeOutputQuantization=list(op_types), DedicatedQDQPair=True)
     if method == "percentile":
         extra["CalibPercentile"] = percentile
     if ranges:
