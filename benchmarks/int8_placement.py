@@ -1,10 +1,11 @@
 """INT8 Q/DQ placement, measured: ONNX Runtime's (pairs around every op its quantizer quantizes) against
-TensorRT's recommended one (pairs on the inputs of Conv, ConvTranspose, MatMul and Gemm alone), on the INT8
-anchors' models, calibration and held-out sets (benchmarks/anchors_int8.py ``prepare``).
+TensorRT's recommended one (pairs on the inputs of Conv, ConvTranspose, MatMul and Gemm alone), and TensorRT's on
+the model with its depthwise Convs' inputs equalized per channel first (``tensorrt+eq``), on the INT8 anchors'
+models, calibration and held-out sets (benchmarks/anchors_int8.py ``prepare``).
 
     python benchmarks/int8_placement.py [--models ppocr-det ppocr-rec ...] [--work DIR] [--out FILE]
 
-Each model is quantized both ways by ONNX Runtime's ``quantize_static`` called directly (MinMax, symmetric INT8,
+Each model is quantized each way by ONNX Runtime's ``quantize_static`` called directly (MinMax, symmetric INT8,
 per-channel weights: the workbench's INT8 recipe; TensorRT's placement = ``op_types_to_quantize`` the weighted ops,
 ``OpTypesToExcludeOutputQuantization`` the same and ``DedicatedQDQPair``), then run on onnxruntime beside the FP32
 model on the held-out set, and judged by the task (scripts/int8_qdq_truth.py: decoded text, class, text
@@ -26,6 +27,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 WEIGHTED = ["Conv", "ConvTranspose", "MatMul", "Gemm"]
 PLACEMENTS = {"onnxruntime": (None, {}),
               "tensorrt": (WEIGHTED, {"OpTypesToExcludeOutputQuantization": WEIGHTED, "DedicatedQDQPair": True})}
+#: TensorRT's placement on the FP32 model with its depthwise Convs' inputs equalized first (workbench/variants/
+#: equalize.py, the repair's ``equalize-depthwise``); the seconds include the equalization
+EQUALIZED = "tensorrt+eq"
 DEFAULT_MODELS = ["ppocr-det", "ppocrv3-det", "ppocrv5-det", "ppocr-rec", "ppocrv3-rec", "ppocrv5-rec", "ppocr-cls",
                   "bert-L2"]
 
@@ -44,10 +48,19 @@ def measure(model: str, work: Path) -> list[dict]:
     ref = _session(fp32)
     refs = [ref.run(None, f)[0] for f in held]
     rows = []
-    for name, (ops, extra) in PLACEMENTS.items():
+    for name, (ops, extra) in [*PLACEMENTS.items(), (EQUALIZED, PLACEMENTS["tensorrt"])]:
         out = work / f"{model}.{name}.int8.onnx"
         t0 = time.perf_counter()
-        quantize_static(str(fp32), str(out), data_reader(calib), quant_format=QuantFormat.QDQ,
+        source = fp32
+        if name == EQUALIZED:
+            from workbench.variants.equalize import equalize_depthwise
+
+            loaded = onnx.load(str(fp32))
+            equalized, _ = equalize_depthwise(loaded, calib)
+            if equalized is not loaded:  # (a model without depthwise Convs is quantized as it is)
+                source = work / f"{model}.equalized.fp32.onnx"
+                onnx.save(equalized, str(source))
+        quantize_static(str(source), str(out), data_reader(calib), quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=ops, per_channel=True, activation_type=QuantType.QInt8,
                         weight_type=QuantType.QInt8,
                         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, **extra})

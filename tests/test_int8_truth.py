@@ -236,7 +236,8 @@ def test_int8_repair_quantizes_the_detector_again_in_tensorrts_placement(tmp_pat
     """By default repair first quantizes the FP32 model again with Q/DQ pairs on the inputs of the weighted ops
     alone (TensorRT's recommended placement): on the PP-OCRv4 detector that model reads every held-out page's text
     mask as the FP32 model does (re-checked here on onnxruntime, masks decoded by scripts/int8_qdq_truth.py), with
-    no pair removed and every Conv computing in INT8; the result says which placement it is."""
+    no pair removed and every Conv computing in INT8; the result says which placement it is (and that the
+    depthwise Convs' inputs were equalized first: :mod:`workbench.variants.equalize`)."""
     from workbench.repair.api import repair
 
     fp32 = Q.prepare(fetch_model("ppocr-det"), tmp_path / "det.fp32.onnx")
@@ -245,7 +246,7 @@ def test_int8_repair_quantizes_the_detector_again_in_tensorrts_placement(tmp_pat
     res = repair(str(fp32), "ort", "ort:int8", feeds=held, calibration=calib, metric=Q.healthy_det, target=">=1",
                  verify=None, out=out)
     assert res.met and not res.before["met"] and res.kept == [], res.render()
-    assert [r["kind"] for r in res.repairs] == ["qdq-placement"], res.repairs
+    assert [r["kind"] for r in res.repairs] == ["equalize-depthwise", "qdq-placement"], res.repairs
     assert "TensorRT's recommended placement" in res.render()
     fixed = onnx.load(str(out))
     total, int8 = _weighted_int8(fixed)
@@ -258,3 +259,51 @@ def test_int8_repair_quantizes_the_detector_again_in_tensorrts_placement(tmp_pat
     assert all(r & {"Conv", "ConvTranspose"} for r in readers)  # each pair is there for a weighted op's input
     ref, cand = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (fp32, out))
     assert all(Q.task_score("det", [ref.run(None, f)[0]], [cand.run(None, f)[0]])["healthy"] for f in held)
+
+
+def test_int8_repair_equalizes_the_v3_recognizers_depthwise_inputs(tmp_path, fetch_model):
+    """The PP-OCRv3 recognizer's depthwise Convs read channels up to 3e3 apart in range: ONNX Runtime's
+    per-tensor INT8 (quantize_static called directly, TensorRT's placement, MinMax) decodes no held-out crop as the
+    FP32 model does. Repair (judged on those held-out crops, as benchmarks/anchors_int8.py judges it and NNCF's
+    accuracy control) equalizes those inputs per channel before quantizing and meets with no pair removed: every
+    Conv and MatMul computes in INT8 with one scale per activation tensor, and every held-out crop decodes as in
+    FP32 (re-checked here on onnxruntime, greedy CTC decode by scripts/int8_qdq_truth.py)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from workbench.repair.api import repair
+
+    fp32 = Q.prepare(fetch_model("ppocrv3-rec"), tmp_path / "rec.fp32.onnx")
+    calib, held = Q.calib_feeds("rec", "text"), Q.heldout_feeds("rec", 8)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calib)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    weighted = ["Conv", "ConvTranspose", "MatMul", "Gemm"]
+    direct = tmp_path / "direct.onnx"
+    quantize_static(str(fp32), str(direct), Reader(), quant_format=QuantFormat.QDQ, op_types_to_quantize=weighted,
+                    per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                                   "OpTypesToExcludeOutputQuantization": weighted, "DedicatedQDQPair": True})
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (fp32, direct)]
+    refs = [sessions[0].run(None, f)[0] for f in held]
+    assert Q.task_score("rec", refs, [sessions[1].run(None, f)[0] for f in held])["error"] > 0.5
+
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(fp32), "ort", "ort:int8", feeds=held, calibration=calib, metric=Q.agree_rec, target=">=1",
+                 verify=None, out=out)
+    assert res.met and not res.before["met"] and res.kept == [], res.render()
+    assert [r["kind"] for r in res.repairs] == ["equalize-depthwise", "qdq-placement"], res.repairs
+    assert "the inputs of 13 depthwise Conv(s) equalized per channel" in res.render()
+    fixed = onnx.load(str(out))
+    total, int8 = _weighted_int8(fixed)
+    assert total == int8 > 40, (total, int8)
+    consts = {t.name: t for t in fixed.graph.initializer}
+    for q in (n for n in fixed.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in consts):
+        scale, zero = (onnx.numpy_helper.to_array(consts[i]) for i in q.input[1:3])
+        assert scale.size == 1 and zero.dtype == "int8" and int(zero) == 0  # TensorRT's activation format
+    cand = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert Q.task_score("rec", refs, [cand.run(None, f)[0] for f in held])["healthy"]

@@ -786,10 +786,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-rewrites", action="store_true", help="islands only (FP32 islands, Q/DQ pairs removed): do "
                    "not first try rewrites that keep a culprit in FP16 (a clamped constant restored, a "
                    "BatchNormalization folded or rescaled) or in INT8 (the FP32 model quantized again with TensorRT's "
-                   "Q/DQ placement; BatchNormalizations folded into their Convs before quantizing)")
+                   "Q/DQ placement, depthwise Conv inputs equalized per channel; BatchNormalizations folded into "
+                   "their Convs before quantizing)")
     p.add_argument("--keep-placement", action="store_true", help="INT8 from the FP32 model: keep ONNX Runtime's Q/DQ "
                    "placement (pairs around every op it quantizes) instead of trying TensorRT's (the inputs of Conv, "
-                   "ConvTranspose, MatMul and Gemm alone) first")
+                   "ConvTranspose, MatMul and Gemm alone, depthwise Conv inputs equalized per channel) first")
     p.add_argument("--json", type=JSON_OUT, metavar="OUT",
                    help="write the workbench.repair/1 JSON to OUT ('-' for stdout)")
     p.add_argument("--bundle", type=NEW_OUT, metavar="DIR",

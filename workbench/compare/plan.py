@@ -333,11 +333,16 @@ class ComparisonPlan(PlanEngines):
         kept in FP32; ``options`` go to the converter): a :class:`~workbench.variants.result.VariantResult`."""
         from ..variants import make_variant
 
-        calib = self.options.calibration_feeds
         # torch-cuda's tf32/autocast change the arithmetic, not the graph: the export names its tensors
         variant = "fp32" if runs_module(spec) and spec.variant in MODULE_ONLY_VARIANTS else spec.variant
-        return make_variant(model, variant, calibration_feeds=calib if calib is not None
-                            else self.feeds, keep_fp32=self.options.keep_fp32, **options)
+        return make_variant(model, variant, calibration_feeds=self.calibration_feeds,
+                            keep_fp32=self.options.keep_fp32, **options)
+
+    @property
+    def calibration_feeds(self) -> list[dict]:
+        """The feeds this plan's variants are calibrated on: the options' calibration set, else the compared feeds."""
+        calib = self.options.calibration_feeds
+        return calib if calib is not None else self.feeds
 
     def _precision(self, spec: EngineSpec, model: onnx.ModelProto) -> Precision:
         if runs_module(spec) and self.module is not None:

@@ -93,11 +93,12 @@ def repair(model: Any, reference: str = "ort", candidate: str = "ort:fp16", *, c
     try rewrites that keep culprits in the candidate precision (:mod:`workbench.repair.rewrites`: a clamped constant
     restored, a BatchNormalization folded or rescaled), islands only for what they leave; for the INT8 variant of an
     FP32 model that misses the target, first the FP32 model quantized again with Q/DQ pairs on the inputs of its
-    weighted ops alone, TensorRT's recommended placement (:mod:`workbench.repair.qdq_placement`: the repaired model
+    weighted ops alone, TensorRT's recommended placement, its depthwise Convs' inputs equalized per channel first
+    (:mod:`workbench.repair.qdq_placement`, :mod:`workbench.variants.equalize`: the repaired model
     when it meets the target, the one searched when it fails no more feeds), else its BatchNormalizations folded
     into their Convs and the model quantized again (:mod:`workbench.repair.qdq_fold`). ``keep_placement``: keep
     the INT8 variant's own Q/DQ placement (ONNX Runtime's, every op it quantizes): no re-quantization with
-    TensorRT's. Other keywords are
+    TensorRT's, no equalization. Other keywords are
     compare() options (``feed_count``, ``seed``, ``input_shapes``, ``max_culprits``, ``impact``, ``memory_budget``,
     ...).
     Raises :class:`~workbench.repair.graph.RepairError` (a WorkbenchError) on bad input.
