@@ -134,3 +134,31 @@ def test_nothing_to_equalize_returns_the_model_itself():
     even.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.eye(C, dtype=np.float32)[:, :, None, None], "w1"))
     out, report = equalize_depthwise(even, [{"x": np.ones((1, C, 6, 6), np.float32)}])
     assert out is even and report.convs == []
+
+
+def test_graph_input_dead_channel_and_bias():
+    """A depthwise Conv reading the graph input directly (no producer to fold into: a Mul goes before it), with a
+    bias and a channel that is always zero (left unscaled, not blown up)."""
+    rng = np.random.default_rng(2)
+    dw = rng.normal(size=(2 * C, 1, 3, 3)).astype(np.float32)  # channel multiplier 2: outputs 2c, 2c+1 read c
+    bias = rng.normal(size=2 * C).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "dw", "bias"], ["y"], name="dwconv", group=C)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2 * C, 3, 3])],
+        [numpy_helper.from_array(dw, "dw"), numpy_helper.from_array(bias, "bias")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    widths = np.array([2.0, 0.0, 0.02, 1.0])
+    feeds = [{"x": (rng.normal(size=(1, C, 5, 5)) * widths[None, :, None, None]).astype(np.float32)}
+             for _ in range(3)]
+    out, report = equalize_depthwise(model, feeds, alpha=1.0)
+    onnx.checker.check_model(out, full_check=True)
+    assert report.inserted == ["dwconv"] and report.folded == {}
+    mul = next(n for n in out.graph.node if n.op_type == "Mul")
+    scale = numpy_helper.to_array(next(t for t in out.graph.initializer if t.name == mul.input[1])).ravel()
+    measured = np.max([np.abs(f["x"]).max(axis=(0, 2, 3)) for f in feeds], axis=0)
+    expected = np.where(measured > 0, measured.max() / np.where(measured > 0, measured, 1), 1.0)
+    np.testing.assert_allclose(scale, expected, rtol=1e-6)  # alpha 1: every live channel to the widest's range
+    assert scale[1] == 1.0  # the dead channel
+    for f in feeds:
+        np.testing.assert_allclose(_run64(out, f, ["y"])[0], _run64(model, f, ["y"])[0], rtol=1e-5, atol=1e-6)
