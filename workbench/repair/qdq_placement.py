@@ -14,7 +14,8 @@ Before it is quantized, the inputs of the FP32 model's depthwise Convs are equal
 calibration feeds (:mod:`workbench.variants.equalize`, ``equalize-depthwise`` in ``repairs``; the float function is
 unchanged): per-tensor INT8 then holds the narrow channels that one scale per tensor rounds away. On the same
 held-out sets (``python benchmarks/int8_placement.py``) the v3 recognizer reads 8 of 8 crops as in FP32 instead of
-0, the v5 detector 8 of 8 pages instead of 4, the v5 recognizer 6 instead of 5; the others as before or closer.
+0, the v5 detector 8 of 8 pages instead of 4, the v5 recognizer 6 instead of 5; the others read as before, most
+of them closer to FP32 below the task's verdict (the detectors' flipped mask pixels, the recognizers' CTC frames).
 
 :func:`placement_first` tries it when the candidate as converted misses the target: the FP32 model quantized again
 with the weighted placement (its depthwise inputs equalized; the same recipe and calibration feeds otherwise),
