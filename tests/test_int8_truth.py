@@ -232,24 +232,31 @@ def _weighted_int8(model: onnx.ModelProto) -> tuple[int, int]:
     return len(weighted), sum(all(reads.get(i) == "DequantizeLinear" for i in n.input[:2]) for n in weighted)
 
 
+def _repaired_as_placed(fp32, held, calib, metric, out):
+    """Repair of ``fp32``'s INT8 variant judged on ``held`` (``metric`` >= 1 on every feed), checked to meet by the
+    two whole-model rewrites alone -> (result, the written model, its (weighted nodes, INT8 ones))."""
+    from workbench.repair.api import repair
+
+    res = repair(str(fp32), "ort", "ort:int8", feeds=held, calibration=calib, metric=metric, target=">=1",
+                 verify=None, out=out)
+    assert res.met and not res.before["met"] and res.kept == [], res.render()
+    assert [r["kind"] for r in res.repairs] == ["equalize-depthwise", "qdq-placement"], res.repairs
+    fixed = onnx.load(str(out))
+    return res, fixed, _weighted_int8(fixed)
+
+
 def test_int8_repair_quantizes_the_detector_again_in_tensorrts_placement(tmp_path, fetch_model):
     """By default repair first quantizes the FP32 model again with Q/DQ pairs on the inputs of the weighted ops
     alone (TensorRT's recommended placement): on the PP-OCRv4 detector that model reads every held-out page's text
     mask as the FP32 model does (re-checked here on onnxruntime, masks decoded by scripts/int8_qdq_truth.py), with
     no pair removed and every Conv computing in INT8; the result says which placement it is (and that the
     depthwise Convs' inputs were equalized first: :mod:`workbench.variants.equalize`)."""
-    from workbench.repair.api import repair
 
     fp32 = Q.prepare(fetch_model("ppocr-det"), tmp_path / "det.fp32.onnx")
     calib, held = Q.calib_feeds("det", "text"), Q.heldout_feeds("det", 8)
     out = tmp_path / "fixed.onnx"
-    res = repair(str(fp32), "ort", "ort:int8", feeds=held, calibration=calib, metric=Q.healthy_det, target=">=1",
-                 verify=None, out=out)
-    assert res.met and not res.before["met"] and res.kept == [], res.render()
-    assert [r["kind"] for r in res.repairs] == ["equalize-depthwise", "qdq-placement"], res.repairs
+    res, fixed, (total, int8) = _repaired_as_placed(fp32, held, calib, Q.healthy_det, out)
     assert "TensorRT's recommended placement" in res.render()
-    fixed = onnx.load(str(out))
-    total, int8 = _weighted_int8(fixed)
     assert total == int8 == 64, (total, int8)  # every Conv and ConvTranspose of the detector
     consumers: dict[str, set] = {}
     for n in fixed.graph.node:
@@ -269,8 +276,6 @@ def test_int8_repair_equalizes_the_v3_recognizers_depthwise_inputs(tmp_path, fet
     Conv and MatMul computes in INT8 with one scale per activation tensor, and every held-out crop decodes as in
     FP32 (re-checked here on onnxruntime, greedy CTC decode by scripts/int8_qdq_truth.py)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    from workbench.repair.api import repair
 
     fp32 = Q.prepare(fetch_model("ppocrv3-rec"), tmp_path / "rec.fp32.onnx")
     calib, held = Q.calib_feeds("rec", "text"), Q.heldout_feeds("rec", 8)
@@ -293,13 +298,8 @@ def test_int8_repair_equalizes_the_v3_recognizers_depthwise_inputs(tmp_path, fet
     assert Q.task_score("rec", refs, [sessions[1].run(None, f)[0] for f in held])["error"] > 0.5
 
     out = tmp_path / "fixed.onnx"
-    res = repair(str(fp32), "ort", "ort:int8", feeds=held, calibration=calib, metric=Q.agree_rec, target=">=1",
-                 verify=None, out=out)
-    assert res.met and not res.before["met"] and res.kept == [], res.render()
-    assert [r["kind"] for r in res.repairs] == ["equalize-depthwise", "qdq-placement"], res.repairs
+    res, fixed, (total, int8) = _repaired_as_placed(fp32, held, calib, Q.agree_rec, out)
     assert "the inputs of 13 depthwise Conv(s) equalized per channel" in res.render()
-    fixed = onnx.load(str(out))
-    total, int8 = _weighted_int8(fixed)
     assert total == int8 > 40, (total, int8)
     consts = {t.name: t for t in fixed.graph.initializer}
     for q in (n for n in fixed.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in consts):
