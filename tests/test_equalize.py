@@ -138,12 +138,12 @@ def test_nothing_to_equalize_returns_the_model_itself():
 
 def test_graph_input_dead_channel_and_bias():
     """A depthwise Conv reading the graph input directly (no producer to fold into: a Mul goes before it), with a
-    bias and a channel that is always zero (left unscaled, not blown up)."""
+    bias, no name, and a channel that is always zero (left unscaled, not blown up)."""
     rng = np.random.default_rng(2)
     dw = rng.normal(size=(2 * C, 1, 3, 3)).astype(np.float32)  # channel multiplier 2: outputs 2c, 2c+1 read c
     bias = rng.normal(size=2 * C).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "dw", "bias"], ["y"], name="dwconv", group=C)], "g",
+        [helper.make_node("Conv", ["x", "dw", "bias"], ["y"], group=C)], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, 5, 5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2 * C, 3, 3])],
         [numpy_helper.from_array(dw, "dw"), numpy_helper.from_array(bias, "bias")])
@@ -153,7 +153,7 @@ def test_graph_input_dead_channel_and_bias():
              for _ in range(3)]
     out, report = equalize_depthwise(model, feeds, alpha=1.0)
     onnx.checker.check_model(out, full_check=True)
-    assert report.inserted == ["dwconv"] and report.folded == {}
+    assert report.inserted == ["Conv#0"] and report.folded == {}
     mul = next(n for n in out.graph.node if n.op_type == "Mul")
     scale = numpy_helper.to_array(next(t for t in out.graph.initializer if t.name == mul.input[1])).ravel()
     measured = np.max([np.abs(f["x"]).max(axis=(0, 2, 3)) for f in feeds], axis=0)

@@ -53,10 +53,6 @@ class Equalization:
     def convs(self) -> list[str]:
         return [*self.folded, *self.inserted]
 
-    def to_json(self) -> dict:
-        return {"alpha": self.alpha, "convs": self.convs, "folded": dict(self.folded), "inserted": list(self.inserted),
-                "widest_ratio": round(self.widest_ratio, 1)}
-
     def describe(self) -> str:
         how = (f"scales folded into the producer of {len(self.folded)}" if self.folded else "")
         if self.inserted:
@@ -99,7 +95,8 @@ def equalize_depthwise(model: onnx.ModelProto, feeds: list[dict], alpha: float =
     if not convs or not feeds:
         return model, report
     ranges = channel_ranges(model, list(dict.fromkeys(n.input[0] for n in convs)), feeds)
-    scales = {}
+    position = {id(n): i for i, n in enumerate(model.graph.node)}
+    scales: dict[int, np.ndarray] = {}  # by the Conv's position in the graph (names may be empty)
     for n in convs:
         m = ranges[n.input[0]]
         widest = float(m.max())
@@ -110,7 +107,7 @@ def equalize_depthwise(model: onnx.ModelProto, feeds: list[dict], alpha: float =
         s[live] = np.minimum((widest / m[live]) ** alpha, MAX_SCALE)
         if float(s.max()) < 1.01:  # the channels are as wide as each other already
             continue
-        scales[n.name] = s
+        scales[position[id(n)]] = s
         report.widest_ratio = max(report.widest_ratio, widest / float(m[live].min()))
     if not scales:
         return model, report
@@ -179,11 +176,13 @@ class _Rescaler:
             del g.node[:]
             g.node.extend(nodes)
 
-    def apply(self, scales: dict[str, np.ndarray], report: Equalization) -> None:
-        nodes = {n.name: n for n in self.model.graph.node}
+    def apply(self, scales: dict[int, np.ndarray], report: Equalization) -> None:
+        """``scales``: by the depthwise Conv's position in the graph."""
+        nodes = list(self.model.graph.node)
         inserts: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []
-        for name, s in scales.items():
-            conv = nodes[name]
+        for at, s in scales.items():
+            conv = nodes[at]
+            name = conv.name or f"{conv.op_type}#{at}"
             w = tensor_array(self.inits[conv.input[1]])
             per_out = np.repeat(s, w.shape[0] // s.size).reshape((-1,) + (1,) * (w.ndim - 1))
             self.set_input(conv, 1, w.astype(np.float64) / per_out, w.dtype)
