@@ -19,12 +19,10 @@ of them closer to FP32 below the task's verdict (the detectors' flipped mask pix
 
 :func:`placement_first` tries it when the candidate as converted misses the target: the FP32 model quantized again
 with the weighted placement (its depthwise inputs equalized; the same recipe and calibration feeds otherwise),
-judged on every feed. When it meets
-the target it is the repaired model (``qdq-placement`` in ``repairs``, nothing removed). When it misses on no more
-feeds than the candidate as converted, the search goes on from it, its units the readers of activation pairs
-(:func:`pair_readers`: mostly one per weighted layer, its input pair removed and its FP32 weight -- the
-equalized model's -- restored); else
-from the candidate as converted, as without it.
+judged on every feed. When it meets the target it is the repaired model (``qdq-placement`` in ``repairs``, nothing
+removed). When it misses on no more feeds than the candidate as converted, the search goes on from it, its units the
+readers of activation pairs (:func:`pair_readers`: mostly one per weighted layer, its input pair removed and its
+FP32 weight -- the equalized model's -- restored); else from the candidate as converted, as without it.
 """
 
 from __future__ import annotations
