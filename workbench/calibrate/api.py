@@ -95,9 +95,10 @@ def calibrate(
                      "ranges of its dequantized tensors; calibrate its FP32 model to choose INT8 ranges")
 
     reads = needs(methods)
+    depthwise = _depthwise_inputs(loaded.proto)
     calib = collect(loaded, feeds, tensors, num_bins=num_bins, budget=budget, trt="trt" in reads,
                     ort="ort" in reads, ort_entropy_bins=ort_entropy_bins, progress=progress, cancel=cancel,
-                    span=spans["calib"])
+                    span=spans["calib"], channels=list(depthwise))
     timing["collect_s"] = calib.seconds
     if calib.chunks > 1:
         notes.append(f"{len(tensors)} tensors collected in {calib.chunks} chunks to stay under the memory budget")
@@ -147,6 +148,13 @@ def calibrate(
     note = chosen_note(summary, chosen)
     if note:
         notes.append(note)
+    spread = channel_spread(calib.channel_absmax, depthwise, ranges[chosen])
+    if spread and spread[0]["spread"] >= SPREAD_NOTE:
+        wide = [r for r in spread if r["spread"] >= SPREAD_NOTE]
+        notes.append(f"{len(wide)} depthwise Conv input(s) hold channels whose ranges differ {SPREAD_NOTE:g}x or more "
+                     f"(up to {wide[0]['spread']:.0f}x, {wide[0]['tensor']}): one INT8 scale per tensor (TensorRT's) "
+                     f"leaves the narrowest channel {wide[0]['narrowest_steps']:.2g} of its 127 steps; equalize "
+                     "those channels before quantizing (workbench repair --cand ort:int8 does: equalize-depthwise)")
     timing["ranges_s"] = time.perf_counter() - t0
 
     report = CalibrationReport(
@@ -159,7 +167,7 @@ def calibrate(
                 "memory_budget": budget, "chunks": calib.chunks, "input_shapes": shapes or None,
                 "nonfinite_inputs": bad_inputs,
                 **({"data": _provenance(feeds)} if isinstance(feeds, FeedStream) else {})},
-        skipped=calib.skipped, notes=notes, timing=timing, source_model=loaded,
+        depthwise=spread, skipped=calib.skipped, notes=notes, timing=timing, source_model=loaded,
         sample_feeds=(eval_feeds or feeds)[:SAMPLE_FEEDS], used_feeds=feeds, used_eval_feeds=eval_feeds,
     )
     if eval_feeds is not None:
@@ -189,6 +197,38 @@ def calibrate(
     if progress is not None:
         progress(1.0, "done")
     return report
+
+
+#: a depthwise Conv input whose channels' ranges differ this much is called out in the notes
+SPREAD_NOTE = 16.0
+
+
+def _depthwise_inputs(model) -> dict[str, list[str]]:
+    """{tensor: the depthwise Convs reading it} (:func:`workbench.variants.equalize.depthwise_convs`)."""
+    from ..variants.equalize import depthwise_convs
+
+    out: dict[str, list[str]] = {}
+    for conv in depthwise_convs(model):
+        out.setdefault(conv.input[0], []).append(conv.name)
+    return out
+
+
+def channel_spread(absmax: dict, readers: dict[str, list[str]], amax: dict[str, float]) -> list[dict]:
+    """Per depthwise Conv input, widest spread first: its channels, how far apart their largest magnitudes are
+    (widest / narrowest channel that is not all zeros), and how many of the 127 INT8 steps of one per-tensor scale
+    (``amax``: the ranking rule's) the narrowest channel spans."""
+    rows = []
+    for tensor, top in absmax.items():
+        if top is None or tensor not in amax or not amax[tensor] > 0:
+            continue
+        top = np.asarray(top, dtype=np.float64)
+        live = top[top > top.max() * 1e-12]
+        if live.size < 2:
+            continue
+        rows.append({"tensor": tensor, "convs": readers.get(tensor, []), "channels": int(top.size),
+                     "spread": float(live.max() / live.min()),
+                     "narrowest_steps": float(127 * live.min() / amax[tensor])})
+    return sorted(rows, key=lambda r: -r["spread"])
 
 
 def method_summary(errors: dict, methods, tensors: list[str]) -> dict[str, dict]:

@@ -48,6 +48,8 @@ class Collection:
     trt: dict[str, GrowingHistogram] = field(default_factory=dict)
     ort: dict[str, OrtHistograms] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    #: the largest |x| of each channel (axis 1) of the tensors asked for (``channels=`` of :func:`collect`)
+    channel_absmax: dict[str, np.ndarray | None] = field(default_factory=dict)
     chunks: int = 0
     feeds: int = 0
     seconds: float = 0.0
@@ -88,15 +90,18 @@ def collect(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     span: tuple[float, float] = (0.0, 1.0),
+    channels: Sequence[str] = (),
 ) -> Collection:
-    """Histograms of ``tensors`` over ``feeds`` (see the module docstring). ``span``: the progress range used."""
+    """Histograms of ``tensors`` over ``feeds`` (see the module docstring). ``span``: the progress range used.
+    ``channels``: tensors (of ``tensors``) whose per-channel largest magnitude is kept too (``channel_absmax``)."""
     from ..core.progress import Cancelled
     from ..engines import get_engine
 
     start = time.perf_counter()
     count = len(feeds)
     engine = engine or get_engine("ort", graph_optimization="disable")
-    out = Collection({t: TensorHistogram.empty(num_bins) for t in tensors}, feeds=count)
+    out = Collection({t: TensorHistogram.empty(num_bins) for t in tensors}, feeds=count,
+                     channel_absmax=dict.fromkeys(c for c in channels if c in tensors))
     if trt or ort:
         out.trt = {t: GrowingHistogram(num_bins) for t in tensors}
     graph_inputs = set(model.graph.inputs)
@@ -193,3 +198,7 @@ def _update(out: Collection, name: str, value) -> None:
         h.update(value)
         if out.trt:  # our histogram counted the non-finite values: filter only when this array held some
             out.trt[name].update(value[np.isfinite(value)] if h.nonfinite > before else value)
+        if name in out.channel_absmax and value.ndim >= 2:  # one thread per tensor at a time: no race
+            top = np.nan_to_num(np.abs(value), posinf=0.0).max(axis=tuple(i for i in range(value.ndim) if i != 1))
+            seen = out.channel_absmax[name]
+            out.channel_absmax[name] = top if seen is None else np.maximum(seen, top)

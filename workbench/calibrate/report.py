@@ -106,6 +106,8 @@ class CalibrationReport:
     ort_histograms: dict[str, OrtHistograms] = field(default_factory=dict)
     bounds: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     summary: dict[str, dict] = field(default_factory=dict)
+    #: the depthwise Conv inputs, widest channel spread first (:func:`workbench.calibrate.api.channel_spread`)
+    depthwise: list[dict] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
@@ -376,6 +378,7 @@ class CalibrationReport:
             "sweep": None if self.sweep is None else self.sweep.to_json(),
             "imported": None if self.imported is None else self.imported.to_json(),
             "qdq": {m: _encode(v) for m, v in self.qdq.items()},
+            "depthwise": self.depthwise,  # finite numbers (a ratio of positive values, steps of a positive amax)
             "skipped": self.skipped,
             "notes": self.notes,
             "timing": self.timing,
@@ -406,6 +409,7 @@ class CalibrationReport:
             sweep=None if doc.get("sweep") is None else SweepResult.from_json(doc["sweep"]),
             imported=None if doc.get("imported") is None else ImportedThresholds.from_json(doc["imported"]),
             qdq={m: _decode(v) for m, v in doc.get("qdq", {}).items()},
+            depthwise=[dict(r) for r in doc.get("depthwise") or []],
             skipped=dict(doc.get("skipped", {})), notes=list(doc.get("notes", [])), timing=dict(doc.get("timing", {})),
         )
 

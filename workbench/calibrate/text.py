@@ -1,6 +1,7 @@
 """Plain-text summary of a calibration report (the CLI's output): the rules computed (whose threshold each
 reproduces) with their median worst-case SQNR, the notes (e.g. the ranking rule is far worse than another), then
-the worst tensors per rule, representativeness, the sweep, the QDQ check and imported thresholds."""
+the worst tensors per rule, representativeness, the sweep, the depthwise Convs' input channel spreads, the QDQ
+check and imported thresholds."""
 
 from __future__ import annotations
 
@@ -97,6 +98,13 @@ def render(report: CalibrationReport, top: int = 5) -> str:
         for e in s.entries[:top]:
             lines.append(f"  only {safe_name(e.tensor)}: {_db(e.only_sqnr_db)}; all but it: {_db(e.all_but_sqnr_db)} "
                          f"({e.recovery_db:+.1f} dB)")
+    if report.depthwise:
+        lines += ["", f"Depthwise Conv inputs ({len(report.depthwise)}; one INT8 scale per tensor, {report.method} "
+                  "amax, shared by channels of different ranges):"]
+        for r in report.depthwise[:top]:
+            lines.append(f"  {safe_name(r['tensor'])} (read by {', '.join(map(safe_name, r['convs'])) or '?'}): "
+                         f"{r['channels']} channels, {r['spread']:.3g}x apart; the narrowest spans "
+                         f"{r['narrowest_steps']:.3g} of 127 INT8 steps")
     for method, q in report.qdq.items():
         lines += ["", f"QDQ model ({method} ranges: {report.rule(method)}; ORT quantize_static, "
                   f"{q.get('quantize_nodes')} QuantizeLinear): "
