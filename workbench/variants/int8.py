@@ -83,9 +83,13 @@ def to_int8(
             raise VariantError("the weighted placement quantizes the inputs of Conv, ConvTranspose, MatMul and Gemm "
                                "alone, and none of these op types was asked for", "use placement='all'")
 
-    scan = scan_tensors(work, feeds, keep_ranges=method == "minmax")
+    # the weighted placement calibrates the tensors around the weighted ops alone: only those are scanned (on a
+    # recognizer, 110 of ~1000 tensors: every marked tensor of a feed is held at once)
+    only = ({t for n in work.graph.node if n.op_type in op_types for t in [*n.input, *n.output] if t}
+            if placement == "weighted" else None)
+    scan = scan_tensors(work, feeds, keep_ranges=method == "minmax", only=only)
     if scan.nonfinite and method != "minmax":  # ORT's histogram calibrators fail on inf: collect finite ones here
-        scan = scan_tensors(work, feeds, keep_values=True)
+        scan = scan_tensors(work, feeds, keep_values=True, only=only)
     for entry in nodes_touching(work, scan.nonfinite):
         if entry["node"] not in {e["node"] for e in excluded}:
             excluded.append(entry)

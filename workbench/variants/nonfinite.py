@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from ..core.budget import chunks, tensor_bytes
 from ..engines.outputs import mark_outputs
 from ..errors import VariantError
 from .calibration import minmax_of
@@ -17,6 +18,9 @@ from .ort_session import first_line, ort_session
 
 log = logging.getLogger(__name__)
 
+#: the most bytes of marked tensors one run of a tensor scan returns (estimated by shape inference for the first
+#: feed): a PP-OCRv4 recognizer's ~1000 tensors, ~500 MB a crop, come back in two runs instead of one
+SCAN_BYTES = 256 << 20
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 
 
@@ -33,42 +37,44 @@ class TensorScan:
 
 
 def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], keep_values: bool = False,
-                 keep_ranges: bool = False) -> TensorScan:
-    """Run ``model`` over ``feeds`` with every main-graph float tensor marked as an output (``keep_values``: keep
-    the finite tensors' arrays; ``keep_ranges``: their min/max)."""
+                 keep_ranges: bool = False, only: set[str] | None = None) -> TensorScan:
+    """Run ``model`` over ``feeds`` with every main-graph float tensor (of ``only``, when given) marked as an
+    output (``keep_values``: keep the finite tensors' arrays; ``keep_ranges``: their min/max), in groups of at most
+    :data:`SCAN_BYTES` per run."""
     types = elem_types(model)
     initializers = {t.name for t in model.graph.initializer}
     inputs = [i.name for i in model.graph.input if i.name not in initializers]
-    produced = [o for n in model.graph.node for o in n.output if o and types.get(o, onnx.TensorProto.FLOAT) in _FLOATS]
+    produced = [o for n in model.graph.node for o in n.output if o and types.get(o, onnx.TensorProto.FLOAT) in _FLOATS
+                and (only is None or o in only)]
     names = list(dict.fromkeys(o for o in produced if o not in inputs))
-    try:
-        session = ort_session(mark_outputs(model, names))
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
-        raise VariantError(
-            f"ONNX Runtime cannot run the model to check tensor ranges before quantizing: {first_line(e)[:300]}",
-            "check that the FP32 model runs on ONNX Runtime (workbench run --engine ort)",
-        ) from None
+    # the marked tensors of a feed come back at once: in groups of at most SCAN_BYTES each (a session per group)
+    groups = list(chunks(names, tensor_bytes(model, feeds[0]), SCAN_BYTES)) if names and feeds else [[]]
     scan = TensorScan()
     kinds: dict[str, set[str]] = {}
-    for feed in feeds:
-        try:
-            outputs = session.run(names, feed)
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
-            raise VariantError(f"ONNX Runtime failed on a calibration feed: {first_line(e)[:300]}",
-                               "check the calibration feeds against the model (workbench check-inputs)") from None
-        arrays = dict(zip(names, outputs))
-        arrays.update({k: v for k, v in feed.items() if k in inputs})
-        for name, arr in arrays.items():
-            if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
-                continue
-            bad = _nonfinite_kinds(arr)
-            if bad:
-                kinds.setdefault(name, set()).update(bad)
-                continue
-            if keep_values and name not in kinds:
-                scan.values.setdefault(name, []).append(arr)
-            if keep_ranges and arr.dtype == np.float32:
-                _widen(scan.ranges, name, arr)
+    for first, group in zip([True] + [False] * len(groups), groups):
+        session = _scan_session(model, group) if group else None  # none: the graph inputs alone
+        for feed in feeds:
+            try:
+                outputs = session.run(group, feed) if session is not None else []
+            except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
+                raise VariantError(f"ONNX Runtime failed on a calibration feed: {first_line(e)[:300]}",
+                                   "check the calibration feeds against the model (workbench check-inputs)") from None
+            arrays = dict(zip(group, outputs))
+            if first:
+                arrays.update({k: v for k, v in feed.items() if k in inputs})
+            for name, arr in arrays.items():
+                if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
+                    continue
+                bad = _nonfinite_kinds(arr)
+                if bad:
+                    kinds.setdefault(name, set()).update(bad)
+                    continue
+                if keep_values and name not in kinds:
+                    scan.values.setdefault(name, []).append(arr)
+                if keep_ranges and arr.dtype == np.float32:
+                    _widen(scan.ranges, name, arr)
+            del arrays, outputs
+        del session
     scan.nonfinite = {name: ", ".join(sorted(k)) for name, k in kinds.items()}
     for name in scan.nonfinite:
         scan.values.pop(name, None)
@@ -76,6 +82,16 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
     if scan.nonfinite:
         log.info("non-finite tensors on the calibration feeds: %s", scan.nonfinite)
     return scan
+
+
+def _scan_session(model: onnx.ModelProto, names: list[str]):
+    try:
+        return ort_session(mark_outputs(model, names))
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises assorted pybind exception types
+        raise VariantError(
+            f"ONNX Runtime cannot run the model to check tensor ranges before quantizing: {first_line(e)[:300]}",
+            "check that the FP32 model runs on ONNX Runtime (workbench run --engine ort)",
+        ) from None
 
 
 def _widen(ranges: dict, name: str, arr: np.ndarray) -> None:
