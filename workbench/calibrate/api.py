@@ -149,8 +149,8 @@ def calibrate(
     if note:
         notes.append(note)
     spread = channel_spread(calib.channel_absmax, depthwise, ranges[chosen])
-    if spread and spread[0]["spread"] >= SPREAD_NOTE:
-        wide = [r for r in spread if r["spread"] >= SPREAD_NOTE]
+    wide = [r for r in spread if r["spread"] >= SPREAD_NOTE]  # widest first
+    if wide:
         notes.append(f"{len(wide)} depthwise Conv input(s) hold channels whose ranges differ {SPREAD_NOTE:g}x or more "
                      f"(up to {wide[0]['spread']:.0f}x, {wide[0]['tensor']}): one INT8 scale per tensor (TensorRT's) "
                      f"leaves the narrowest channel {wide[0]['narrowest_steps']:.2g} of its 127 steps; equalize "
@@ -217,12 +217,13 @@ def channel_spread(absmax: dict, readers: dict[str, list[str]], amax: dict[str, 
     """Per depthwise Conv input, widest spread first: its channels, how far apart their largest magnitudes are
     (widest / narrowest channel that is not all zeros), and how many of the 127 INT8 steps of one per-tensor scale
     (``amax``: the ranking rule's) the narrowest channel spans."""
+    from ..variants.equalize import live_channels
+
     rows = []
     for tensor, top in absmax.items():
         if top is None or tensor not in amax or not amax[tensor] > 0:
             continue
-        top = np.asarray(top, dtype=np.float64)
-        live = top[top > top.max() * 1e-12]
+        live = top[live_channels(top)]
         if live.size < 2:
             continue
         rows.append({"tensor": tensor, "convs": readers.get(tensor, []), "channels": int(top.size),

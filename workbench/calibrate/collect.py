@@ -30,6 +30,7 @@ import onnx
 
 from ..core.budget import chunks, tensor_bytes
 from ..model.load import LoadedModel
+from ..variants.equalize import channel_absmax
 from .histogram import TensorHistogram
 from .ort_rules import ENTROPY_BINS, OrtHistograms
 from .trt_histogram import GrowingHistogram
@@ -199,6 +200,6 @@ def _update(out: Collection, name: str, value) -> None:
         if out.trt:  # our histogram counted the non-finite values: filter only when this array held some
             out.trt[name].update(value[np.isfinite(value)] if h.nonfinite > before else value)
         if name in out.channel_absmax and value.ndim >= 2:  # one thread per tensor at a time: no race
-            top = np.nan_to_num(np.abs(value), posinf=0.0).max(axis=tuple(i for i in range(value.ndim) if i != 1))
+            top = channel_absmax(value)
             seen = out.channel_absmax[name]
             out.channel_absmax[name] = top if seen is None else np.maximum(seen, top)

@@ -74,14 +74,24 @@ def depthwise_convs(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return out
 
 
+def channel_absmax(array: np.ndarray) -> np.ndarray:
+    """The largest magnitude of each channel (axis 1) of ``array`` in float64, NaN and +-inf counted as 0."""
+    axes = tuple(i for i in range(array.ndim) if i != 1)
+    return np.nan_to_num(np.abs(array), posinf=0.0).max(axis=axes).astype(np.float64)
+
+
+def live_channels(widths: np.ndarray) -> np.ndarray:
+    """Which channels are not all zeros: wider than 1e-12 of the widest (``widths``: :func:`channel_absmax`)."""
+    return widths > widths.max() * 1e-12
+
+
 def channel_ranges(model: onnx.ModelProto, tensors: list[str], feeds: list[dict]) -> dict[str, np.ndarray]:
-    """The largest magnitude of each channel (axis 1) of ``tensors`` over ``feeds``, on ONNX Runtime CPU."""
+    """:func:`channel_absmax` of ``tensors`` over ``feeds``, on ONNX Runtime CPU."""
     session = ort_session(mark_outputs(model, tensors))
     out: dict[str, np.ndarray] = {}
     for feed in feeds:
         for name, v in zip(tensors, session.run(tensors, feed)):
-            axes = tuple(i for i in range(v.ndim) if i != 1)
-            m = np.nan_to_num(np.abs(v.astype(np.float64)), posinf=0.0).max(axis=axes)
+            m = channel_absmax(v)
             out[name] = m if name not in out else np.maximum(out[name], m)
     return out
 
@@ -100,7 +110,7 @@ def equalize_depthwise(model: onnx.ModelProto, feeds: list[dict], alpha: float =
     for n in convs:
         m = ranges[n.input[0]]
         widest = float(m.max())
-        live = m > widest * 1e-12
+        live = live_channels(m)
         if widest <= 0 or not np.isfinite(widest) or live.sum() < 2:
             continue
         s = np.ones_like(m)
@@ -218,10 +228,10 @@ class _Rescaler:
             if p is None or len(self.readers[t]) != 1 or t in self.outputs or p.output[0] != t:
                 return None
             chain.append(p)
-            consts = {k: self.constant(i) for k, i in enumerate(p.input) if i}
             if p.op_type in _POSITIVE_HOMOGENEOUS:  # f(x * s) = f(x) * s for s > 0: on to its input
                 t = p.input[0]
                 continue
+            consts = {k: self.constant(i) for k, i in enumerate(p.input) if i}
             if p.op_type == "BatchNormalization" and consts.get(1) is not None and consts.get(2) is not None:
                 edits += [(p, 1, consts[1] * s, consts[1].dtype), (p, 2, consts[2] * s, consts[2].dtype)]
                 break

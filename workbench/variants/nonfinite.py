@@ -52,7 +52,7 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
     groups = list(chunks(names, tensor_bytes(model, feeds[0]), SCAN_BYTES)) if names and feeds else [[]]
     scan = TensorScan()
     kinds: dict[str, set[str]] = {}
-    for first, group in zip([True] + [False] * len(groups), groups):
+    for g, group in enumerate(groups):
         session = _scan_session(model, group) if group else None  # none: the graph inputs alone
         for feed in feeds:
             try:
@@ -61,7 +61,7 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
                 raise VariantError(f"ONNX Runtime failed on a calibration feed: {first_line(e)[:300]}",
                                    "check the calibration feeds against the model (workbench check-inputs)") from None
             arrays = dict(zip(group, outputs))
-            if first:
+            if g == 0:  # the graph inputs, once
                 arrays.update({k: v for k, v in feed.items() if k in inputs})
             for name, arr in arrays.items():
                 if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
