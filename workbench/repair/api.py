@@ -469,7 +469,9 @@ def _order_qdq(ev: Evaluator, builder: IslandBuilder, pool: list[str], before, n
         if ordering:
             notes.append(f"Q/DQ pool: {ordering['measured']} node(s) dequantized one at a time in one switchable "
                          f"session on {ordering['feeds']} failing feed(s); {ordering['helping']} help there, "
-                         f"{ordering['met_alone']} meet the target alone on every feed")
+                         f"{ordering['met_there']} meet the target alone there"
+                         + (f"; the first of those that holds on every feed: {ordering['holds']}" if ordering['holds']
+                            else (", none of them on every feed" if ordering['met_there'] else "")))
     else:
         ordered, ordering = order_by_groups(ev, builder, pool, before, notes)
         if ordering.get("all_float_met"):

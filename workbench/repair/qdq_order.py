@@ -6,11 +6,12 @@ never names. So for a Q/DQ candidate the pool is widened to every compute node t
 (culprits first, up to :data:`QDQ_POOL`), each one's removal is measured alone against the repair target
 (the task metric or the output criterion) in ONE switchable session (:meth:`IslandBuilder.switchable`: each
 node's float twin beside it, a boolean input per node; one build), on the feeds that fail the target as the
-candidate stands (the worst :data:`FEEDS`: a run per node and such feed), and the pool is ordered best first: nodes
-whose removal alone meets the target on every feed (up to :data:`CONFIRM` of those meeting it there are checked
-on all feeds), then by failing feeds, by how bad the worst is, and by the outputs' error there (nodes that help
-before those that do not). The search (:mod:`workbench.repair.search`) then grows
-prefixes of that order and shrinks to a 1-minimal set, building each set as the deployed model computes it.
+candidate stands (the worst :data:`FEEDS`, chosen from the candidate's own evaluation: a run per node and such
+feed), and the pool is ordered best first: a node whose removal alone meets the target on every feed (those meeting
+it there are checked on the other feeds in rank order, up to :data:`CONFIRM` of them, each until a feed misses,
+until one holds on every feed), then by failing feeds, by how bad the worst is, and by the outputs' error there
+(nodes that help before those that do not). The search (:mod:`workbench.repair.search`) then grows prefixes of that
+order and shrinks to a 1-minimal set, building each set as the deployed model computes it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ QDQ_POOL = 512
 #: the byte-identical repaired model, ordering 8.1 s -> 3.2 s; the classifier's bad calibrations fail one or two);
 #: nodes meeting the target alone there are still checked on every feed (:data:`CONFIRM`)
 FEEDS = 1
-#: nodes meeting the target alone on those feeds that are checked on every feed (they go first when they hold)
+#: most nodes meeting the target alone on those feeds that are checked on the other feeds (the first that holds on
+#: every feed goes first)
 CONFIRM = 32
 
 
@@ -95,18 +97,19 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
     feeds = plan.cand_feeds
     judged = {}
     try:
-        base_runs = [session.run({**cfeed, **off}) for cfeed in feeds]
         crit = ev.target.criterion
 
         def outputs_badness(j) -> float:
             return max((crit.badness({crit.metric: decode_float(o.get(crit.metric))}) for o in j.outputs.values()),
                        default=0.0)
 
-        alone = [_judge(ev, [i], [r]) for i, r in enumerate(base_runs)]
+        alone = _per_feed(ev, baseline, len(feeds))  # the candidate as it stands, judged feed by feed
+        if alone is None:  # not judged on every feed: run them here
+            alone = [_judge(ev, [i], [session.run({**cfeed, **off})]) for i, cfeed in enumerate(feeds)]
         worst_first = sorted((i for i, j in enumerate(alone) if not j.met),
                              key=lambda i: (-alone[i].badness, -outputs_badness(alone[i])))
         chosen = sorted((worst_first or list(range(len(feeds))))[:FEEDS])
-        base = _judge(ev, chosen, [base_runs[i] for i in chosen])
+        base = _judge(ev, chosen, [session.run({**feeds[i], **off}) for i in chosen])
         for k, node in enumerate(nodes):
             if ev.step is not None and k % 16 == 0:
                 ev.step(0.0, f"Q/DQ removal measured alone: node {k + 1}/{len(nodes)}")
@@ -117,23 +120,38 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
             return (not j.met, j.failing, j.badness, outputs_badness(j))
 
         ranked = sorted(nodes, key=lambda n: score(judged[n]))
-        confirmed = []  # meeting the target there alone: checked on every feed (a fix may break another feed)
+        # meeting the target there alone: checked on the other feeds (a fix may break another feed), those failing
+        # as the candidate stands first, each node until a feed misses; the first that holds on every feed leads
+        others = [i for i in worst_first if i not in chosen] + \
+            [i for i in range(len(feeds)) if i not in chosen and i not in worst_first]
+        confirmed = []
         for node in [n for n in ranked if judged[n].met][:CONFIRM]:
             on = {**off, flags[node]: np.array(True)}
-            whole = _judge(ev, list(range(len(feeds))), [session.run({**f, **on}) for f in feeds])
-            if whole.met:
+            if all(_judge(ev, [i], [session.run({**feeds[i], **on})]).met for i in others):
                 confirmed.append(node)
+                break
     finally:
         session.close()
     ranked = confirmed + [n for n in ranked if n not in set(confirmed)]
     helping = [n for n in ranked if score(judged[n]) < score(base)]
     ordered = helping + [n for n in ranked if n not in set(helping)]
     summary = {"feeds": len(chosen), "measured": len(nodes), "helping": len(helping),
-               "met_alone": len(confirmed), "seconds": round(time.perf_counter() - t0, 3),
+               "met_there": sum(judged[n].met for n in nodes), "holds": confirmed[0] if confirmed else None,
+               "seconds": round(time.perf_counter() - t0, 3),
                "top": helping[:5]}
-    log.info("Q/DQ pool: %d node(s) measured alone in %.1fs; %d help, %d meet the target alone", len(nodes),
-             summary["seconds"], len(helping), summary["met_alone"])
+    log.info("Q/DQ pool: %d node(s) measured alone in %.1fs; %d help, %d meet the target alone there (%s holds on "
+             "every feed)", len(nodes), summary["seconds"], len(helping), summary["met_there"], summary["holds"])
     return ordered, summary
+
+
+def _per_feed(ev, evaluation, count: int):
+    """``evaluation``'s judgement of each feed alone (from its per-feed metrics and task values), or None when it did
+    not run every one of ``count`` feeds."""
+    if sorted(evaluation.feed_met) != list(range(count)):
+        return None
+    values = evaluation.values or [None] * count
+    return [ev.target.judge([metrics], None if ev.target.metric is None else [value])
+            for metrics, value in zip(evaluation.per_feed, values)]
 
 
 def _judge(ev, indices: list[int], results: list[dict]):
