@@ -307,3 +307,26 @@ def test_int8_repair_equalizes_the_v3_recognizers_depthwise_inputs(tmp_path, fet
         assert scale.size == 1 and zero.dtype == "int8" and int(zero) == 0  # TensorRT's activation format
     cand = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert Q.task_score("rec", refs, [cand.run(None, f)[0] for f in held])["healthy"]
+
+
+def test_int8_repair_of_the_v5_recognizer_keeps_the_unit_its_ordering_confirms(tmp_path, fetch_model):
+    """The PP-OCRv5 recognizer quantized again in TensorRT's placement (depthwise inputs equalized) still misreads
+    held-out crops: the ordering measures each unit's removal alone on the worst failing crop, checks those that
+    heal it on the other crops until one holds on every crop, and the search keeps exactly that one unit; every
+    held-out crop then decodes as in FP32 (re-checked on onnxruntime with scripts/int8_qdq_truth.py's greedy CTC
+    decode), every other Conv/MatMul stays INT8."""
+    from workbench.repair.api import repair
+
+    fp32 = Q.prepare(fetch_model("ppocrv5-rec"), tmp_path / "rec.fp32.onnx")
+    calib, held = Q.calib_feeds("rec", "text"), Q.heldout_feeds("rec", 8)
+    out = tmp_path / "fixed.onnx"
+    res = repair(str(fp32), "ort", "ort:int8", feeds=held, calibration=calib, metric=Q.agree_rec, target=">=1",
+                 verify=None, out=out)
+    assert res.met and not res.before["met"], res.render()
+    note = next(n for n in res.notes if n.startswith("Q/DQ pool:"))
+    held_unit = note.rpartition("holds on every feed: ")[2]
+    assert "holds on every feed" in note and res.kept == [held_unit], (note, res.kept)
+    total, int8 = _weighted_int8(onnx.load(str(out)))
+    assert int8 == total - 1 > 40, (total, int8)
+    ref, cand = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (fp32, out))
+    assert Q.task_score("rec", [ref.run(None, f)[0] for f in held], [cand.run(None, f)[0] for f in held])["healthy"]
