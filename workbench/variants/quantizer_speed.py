@@ -1,17 +1,18 @@
-"""Linear-time stand-ins for two helpers of ONNX Runtime's static quantizer, used while it runs.
+"""Faster stand-ins for helpers of ONNX Runtime's static quantizer, swapped in while it runs (:func:`fast_quantizer`).
 
 ONNX Runtime's QDQ quantizer renames a tensor's readers by visiting every node of the graph for each tensor it
-quantizes (``ONNXModel.replace_input_of_all_nodes``: a Python call per node and tensor, O(nodes x tensors)), and
-finds initializers by building a list of every initializer with the wanted name (``find_by_name``, called a few
-thousand times). On a PP-OCRv4 recognizer (573 nodes, 390 activation pairs) the two took ~0.4 s of its ~1.6 s.
-:func:`linear_helpers` swaps in versions that do the same in one pass: the renaming skips the per-node call where
-the node does not read the tensor (a membership test in C), the lookup returns the first match without building a
-list. It also computes symmetric per-channel INT8 weight scales, and quantizes those weights, one channel at a
-time (a dozen numpy calls per channel: ~0.4 s of each call on the v3 recognizer's 16k channels): for the weights
-where its own code would take that plain path (INT8, no overrides, no reduced range or minimum range, finite
-float32 values), :func:`per_channel_int8` does the same arithmetic on every channel at once. The quantized model is
-byte-identical (``tests/test_quantizer_speed.py``); any other weight goes through ORT's own code. Where the installed
-ONNX Runtime lacks a helper, it runs unchanged.
+quantizes (``ONNXModel.replace_input_of_all_nodes``: a Python call per node and tensor, O(nodes x tensors)), finds
+initializers by building a list of every initializer with the wanted name (``find_by_name``, called a few thousand
+times), and computes symmetric per-channel INT8 weight scales, and quantizes those weights, one channel at a time
+(a dozen numpy calls per channel). On a PP-OCRv4 recognizer (573 nodes, 390 activation pairs) the first two took
+~0.4 s of its ~1.6 s; on the v3 recognizer the per-channel work (16k channels) ~0.4 s of each call. The stand-ins do
+the same in one pass: the renaming skips the per-node call where the node does not read the tensor (a membership
+test in C), the lookup returns the first match without building a list, and for the weights ORT's own code would
+take the plain per-channel path for (INT8, no overrides, no reduced range or minimum range, finite float32 values)
+:func:`per_channel_int8` does the same arithmetic on every channel at once; any other weight goes through ORT's own
+code. The quantized model is byte-identical (``tests/test_quantizer_speed.py``; 7 real models x both placements x
+per-channel on/off checked when this was written). Where the installed ONNX Runtime lacks a helper, it runs
+unchanged.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _per_channel(values, dtype, count: int) -> bool:
     return isinstance(values, np.ndarray) and values.dtype == dtype and values.shape == (count,)
 
 
-def _fast_quantize_initializer(original):
+def _fast_quantize_initializer(original, suffix: str):
     """ORT's ``quantize_onnx_initializer`` with plain per-channel INT8 weights quantized on every channel at once
     (the same float32 division by the channel's scale, rounding half to even, zero point added, clipped to
     [-128, 127]); anything else by ORT's own."""
@@ -131,19 +132,26 @@ def _fast_quantize_initializer(original):
     from onnx import TensorProto
 
     def quantize(weight, quant_type, zero_point, scale, axis=None, quant_weight_name=None, block_size=0):
-        data = onnx.numpy_helper.to_array(weight) if weight.data_type == TensorProto.FLOAT else None
-        if (quant_type != TensorProto.INT8 or axis is None or block_size or data is None or not _plain_int8(data)
-                or not _per_channel(scale, np.float32, data.shape[axis])
+        per_channel = (quant_type == TensorProto.INT8 and axis is not None and not block_size
+                       and weight.data_type == TensorProto.FLOAT)
+        data = onnx.numpy_helper.to_array(weight) if per_channel else None
+        if (data is None or not _plain_int8(data) or not _per_channel(scale, np.float32, data.shape[axis])
                 or not _per_channel(zero_point, np.int8, data.shape[axis])):
             return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
         shape = [1] * data.ndim
         shape[axis] = data.shape[axis]
         values = np.asarray((data / scale.reshape(shape)).round() + zero_point.reshape(shape))
         np.clip(values, -128, 127, out=values)
-        name = quant_weight_name if quant_weight_name else f"{weight.name}_quantized"
+        name = quant_weight_name if quant_weight_name else f"{weight.name}{suffix}"
         return onnx.numpy_helper.from_array(values.astype(np.int8).reshape(weight.dims), name)
 
     return quantize
+
+
+def _quant_suffix() -> str:
+    """The suffix ORT's ``quantize_onnx_initializer`` names a quantized weight with by default."""
+    utils = importlib.import_module("onnxruntime.quantization.quant_utils")
+    return getattr(utils, "TENSOR_NAME_QUANT_SUFFIX", "_quantized")
 
 
 def _patches() -> list[tuple[object, str, object]]:
@@ -168,7 +176,8 @@ def _patches() -> list[tuple[object, str, object]]:
             and callable(getattr(qdq.QDQQuantizer, "_calc_initializer_quant_params", None)):
         out.append((qdq.QDQQuantizer, "_calc_initializer_quant_params",
                     _fast_initializer_params(qdq.QDQQuantizer.__dict__["_calc_initializer_quant_params"], qdq)))
-        out.append((qdq, "quantize_onnx_initializer", _fast_quantize_initializer(qdq.quantize_onnx_initializer)))
+        out.append((qdq, "quantize_onnx_initializer",
+                    _fast_quantize_initializer(qdq.quantize_onnx_initializer, _quant_suffix())))
     for name in _FINDERS:
         try:
             module = importlib.import_module(f"onnxruntime.quantization.{name}")
@@ -180,8 +189,8 @@ def _patches() -> list[tuple[object, str, object]]:
 
 
 @contextlib.contextmanager
-def linear_helpers():
-    """While the block runs, ONNX Runtime's quantizer uses the one-pass helpers (module docstring); nested and
+def fast_quantizer():
+    """While the block runs, ONNX Runtime's quantizer uses the faster helpers (module docstring); nested and
     concurrent blocks share one swap, undone when the last one ends."""
     global _DEPTH
     with _LOCK:
