@@ -279,6 +279,34 @@ def test_repair_on_two_workers_is_the_serial_repair(tmp_path, monkeypatch):
     assert noted == _comparable(serial)
 
 
+def test_a_worker_builds_from_the_builders_own_reference(tmp_path):
+    """The search's FP32 source may be a rewrite of the plan's FP32 model (depthwise inputs equalized, BatchNorms
+    folded): a worker process builds a kept set from that same model, so its build is byte for byte the caller's
+    (it built from the plan's model, un-equalized weights beside equalized inputs, and judged every set wrong)."""
+    from workbench.compare.plan import ComparisonPlan
+    from workbench.dataset.executors import ExecutorSpec
+    from workbench.repair.islands import IslandBuilder
+    from workbench.repair.parallel import _job, _State
+
+    plan = ComparisonPlan(str(SAMPLES / "int8_outlier.onnx"), "ort", "ort:int8", feeds=_outlier_feeds(2))
+    try:
+        rewritten = onnx.ModelProto()
+        rewritten.CopyFrom(plan.ref_model)
+        weight = next(t for t in rewritten.graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims) == 2)
+        weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight) * 2, weight.name))
+        builder = IslandBuilder(plan.cand_model, rewritten)
+        reader = next(n.name for n in plan.cand_model.graph.node if n.op_type in ("MatMul", "Gemm")
+                      and n.name in builder.idx.by_name)
+        outputs = [o.name for o in plan.cand_model.graph.output]
+        state = _State(_job(plan, builder, outputs, ExecutorSpec("processes", 2), str(tmp_path)))  # as a worker
+        ours = builder.build([reader])
+        assert state.builder.build([reader]).SerializeToString() == ours.SerializeToString()
+        doubled = onnx.numpy_helper.to_array(weight)
+        assert any(np.array_equal(onnx.numpy_helper.to_array(t), doubled) for t in ours.graph.initializer)
+    finally:
+        plan.close()
+
+
 def test_cli_repairs_on_an_npz_folder_with_workers_like_the_api_on_a_list(tmp_path, capsys):
     folder = tmp_path / "feeds"
     folder.mkdir()

@@ -60,6 +60,8 @@ class IslandBuilder:
     def __init__(self, candidate: onnx.ModelProto, reference: onnx.ModelProto | None, kind: str | None = None, *,
                  ref_consts: dict | None = None, ref_nodes: dict | None = None):
         self.candidate = candidate
+        #: the model the kept nodes' reference-precision constants come from (a worker builds from the same one)
+        self.reference = reference
         self.kind = kind or candidate_kind(candidate)
         if self.kind not in KINDS:
             raise RepairError(f"unknown island kind {self.kind!r}", f"use one of {', '.join(KINDS)}")

@@ -90,7 +90,10 @@ def _job(plan, builder, outputs: list[str], spec: ExecutorSpec, folder: str) -> 
     from ..model.mapped import has_mapped, save_model
 
     refs = {}
-    for side, model in (("reference", plan.ref_model), ("candidate", builder.candidate)):
+    # the builder's own reference: the FP32 model the search restores weights from may be a rewrite of the plan's
+    # (its depthwise inputs equalized, its BatchNormalizations folded)
+    reference = builder.reference if builder.reference is not None else plan.ref_model
+    for side, model in (("reference", reference), ("candidate", builder.candidate)):
         files = plan._files.get(side)
         path = os.path.join(folder, f"{side}.onnx")
         if has_mapped(model):  # weights left in their files: copied file to file beside the graph

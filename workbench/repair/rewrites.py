@@ -513,6 +513,7 @@ def rewrite_first(ev, pool: list[str], baseline, notes: list[str]):
     if not evaluation.met and evaluation.judgement.failing > baseline.judgement.failing:
         notes.append(f"rewrites of {', '.join(rw.node for rw in rewrites)} did not help: not applied")
         return [], pool, baseline
-    ev.rebase(IslandBuilder(model, None, "float", ref_consts=builder.ref_consts, ref_nodes=builder.ref_nodes))
+    ev.rebase(IslandBuilder(model, builder.reference, "float", ref_consts=builder.ref_consts,
+                            ref_nodes=builder.ref_nodes))
     removed = {rw.remove for rw in rewrites if rw.remove}
     return rewrites, [n for n in pool if n not in removed], evaluation
