@@ -196,8 +196,9 @@ def fast_quantizer():
     with _LOCK:
         if _DEPTH == 0:
             for owner, attribute, replacement in _patches():
-                _SAVED.append((owner, attribute, owner.__dict__[attribute]))
-                setattr(owner, attribute, replacement)
+                if attribute in vars(owner):  # defined there (not inherited): put back as it was
+                    _SAVED.append((owner, attribute, vars(owner)[attribute]))
+                    setattr(owner, attribute, replacement)
         _DEPTH += 1
     try:
         yield
