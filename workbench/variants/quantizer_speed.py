@@ -95,6 +95,7 @@ def _fast_initializer_params(original, qdq):
         if not plain:
             return original(self)
         inits = {i.name: i for i in self.model.initializer()}
+        qmin, qmax = qdq.get_qmin_qmax_for_qType(TensorProto.INT8, False, symmetric=True)
         fast = {}
         for name, info in todo.items():
             init = inits.get(name)
@@ -104,7 +105,6 @@ def _fast_initializer_params(original, qdq):
             data = qdq.tensor_proto_to_array(init)
             valid, axis = qdq.normalize_axis(info.axis, data.ndim)
             if valid and _plain_int8(data):
-                qmin, qmax = qdq.get_qmin_qmax_for_qType(TensorProto.INT8, False, symmetric=True)
                 zero, scale = per_channel_int8(data, axis, qmin, qmax)
                 fast[name] = qdq.QuantizationParams(zero_point=zero, scale=scale, quant_type=TensorProto.INT8,
                                                     axis=axis)
