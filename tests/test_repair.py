@@ -146,6 +146,46 @@ def test_int8_outlier_needs_the_outlier_path_unquantized(tmp_path):
         assert max(norm_mean_abs(r[0], c[0]) for r, c in zip(refs, got)) > 0.1
 
 
+def test_a_qdq_repair_runs_no_comparison_first_and_judges_its_result_once(monkeypatch):
+    """A Q/DQ candidate's pool is measured node by node, not taken from the comparison's culprits, and its outputs
+    have no FP16/BF16 floor: the repair compares nothing before its baseline evaluation (whose runs the comparison
+    repeated) and keeps the same set; the repaired model is the search's own build of that set, judged on every feed
+    once. An FP16 candidate's outputs have floors: it is compared first."""
+    from workbench.compare.plan import ComparisonPlan
+
+    compared = []
+    run = ComparisonPlan.run
+    monkeypatch.setattr(ComparisonPlan, "run", lambda self, *a, **k: compared.append(self) or run(self, *a, **k))
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
+    res = repair(str(SAMPLES / "int8_outlier.onnx"), "ort", "ort:int8", feeds=feeds, keep_placement=True)
+    assert res.met and sorted(res.kept) == ["/mlp/fc2/Add", "/mlp/fc3/MatMul"] and not compared
+    assert res.builds_detail["comparison"] == 0 and "verify" not in res.builds_detail, res.builds_detail
+    assert any("no comparison before the search" in n for n in res.notes)
+    judged = [e for e in res.evaluations if sorted(e["kept"]) == sorted(res.kept)]
+    assert [(e["how"], e["feeds"], e["met"]) for e in judged] == [("build", 8, True)]
+    # the saved model is that build: it meets the target on every feed, by onnxruntime directly
+    refs = ort_run(onnx.load(str(SAMPLES / "int8_outlier.onnx")), feeds)
+    assert all(norm_mean_abs(r[0], c[0]) <= 0.1 for r, c in zip(refs, ort_run(res.model, feeds)))
+    repair(str(SAMPLES / "external_data" / "mlp_external.onnx"), "ort", "ort:fp16")
+    assert compared
+
+
+def test_a_qdq_repair_on_an_engine_that_returns_no_output_says_so_in_one_line(tmp_path, capsys):
+    """With no comparison first, the repair's own evaluation names an engine that returns none of the outputs
+    asked for (exit 3), as the comparison did, instead of a KeyError."""
+    from workbench.variants.int8 import to_int8
+
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(4)]
+    qdq = tmp_path / "qdq.onnx"
+    onnx.save(to_int8(onnx.load(str(SAMPLES / "int8_outlier.onnx")), feeds).model, qdq)
+    code = main(["repair", str(SAMPLES / "int8_outlier.onnx"), "--cand", "engine_fixtures:WrongOutputsEngine",
+                 "--cand-model", str(qdq), "--out", str(tmp_path / "fixed.onnx")])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "no value came back for graph output(s)" in err and "engine_fixtures:WrongOutputsEngine" in err, err
+    assert "Traceback" not in err and not (tmp_path / "fixed.onnx").exists()
+
+
 def test_int8_repair_first_quantizes_again_in_tensorrts_placement(tmp_path):
     """By default the FP32 model is quantized again with Q/DQ pairs on the inputs of its MatMuls alone (TensorRT's
     placement), which still misses the target on the outlier sample (checked here with ONNX Runtime's quantize_static

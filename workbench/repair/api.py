@@ -276,15 +276,22 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
             cancel, spec, rewrites=True, keep_placement=False) -> RepairResult:
     timing: dict[str, float] = {}
     notes: list[str] = []
+    measured = False
     if nodes is None:
         from .qdq_order import measured_pool_only
 
-        measured_pool_only(plan, notes)
+        measured = measured_pool_only(plan, notes)
     _bound_marked_tensors(plan)
-    result = plan.run(progress=steps.span(0.0, 0.45), cancel=cancel)
+    if measured and not _format_floors(plan):  # the baseline evaluation judges the same outputs on the same feeds
+        result, floors = None, {}
+        notes.append("no comparison before the search: its outputs' errors are the baseline evaluation's")
+    else:
+        result = plan.run(progress=steps.span(0.0, 0.45), cancel=cancel)
+        floors = {t.tensor: t.floor for t in result.output_results}
+        if measured:
+            notes.append("the comparison before the search is of the outputs alone (their FP16/BF16 floors)")
     builder = IslandBuilder(plan.cand_model, plan.ref_model)  # after the run: it indexes the candidate's nodes
     timing["compare_s"] = time.perf_counter() - t0
-    floors = {t.tensor: t.floor for t in result.output_results}
     goal = Target.build(plan.criterion, target, metric, floors)
     cand_outputs = {o.name for o in plan.cand_model.graph.output}
     outputs = [(o, o if o in cand_outputs else plan.candidate_name(o)) for o in plan.ref_graph.outputs]
@@ -295,8 +302,8 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
     try:
         spill = _spill_weights(builder)  # a folded candidate is returned as judged, never built from
         before = ev.evaluate([], model=plan.cand_model, role="baseline")
-        pool = list(nodes) if nodes is not None else candidate_pool(result, plan, set(builder.idx.by_name),
-                                                                    limit=max_pool, notes=notes)
+        pool = list(nodes) if nodes is not None else [] if result is None else \
+            candidate_pool(result, plan, set(builder.idx.by_name), limit=max_pool, notes=notes)
         start, pool0 = 1, pool
         folds, base, placed = [], before, None
         if rewrites and nodes is None and not keep_placement:  # INT8: the FP32 model quantized again, TensorRT's
@@ -410,10 +417,11 @@ def _repair(plan, steps: Steps, t0: float, *, target, metric, out_path, nodes, m
                       "independent": independent},
         weights=weights, checker=checker, model_path=path, kind=builder.kind,
         timing={k: round(v, 3) for k, v in timing.items()}, notes=notes,
-        builds_detail={"search": ev.search_builds, **by_role, "comparison": result.builds},
+        builds_detail={"search": ev.search_builds, **by_role, "comparison": 0 if result is None else result.builds},
         executor=spec.describe(), model=repaired, plan=plan,
         repairs=describe([rw for rw in rewritten if rw.node not in set(kept)], kept, builder.kind))
-    if not pool and nodes is None and not result.culprits:  # (culprits it could not try are named in notes)
+    # (culprits it could not try are named in notes)
+    if not pool and nodes is None and result is not None and not result.culprits:
         res.notes.append("the comparison flagged no culprit to keep")
     return res
 
@@ -445,6 +453,13 @@ def _mostly_undone(weights: dict, plan, metric) -> str | None:
     advice = f": {', and '.join(why)}; give {' and '.join(how)}" if how else ""
     return (f"the target was met by undoing most of the {family} conversion: {100 * after:.1f}% of the weight bytes "
             f"stay {family} ({100 * before:.1f}% before){advice}")
+
+
+def _format_floors(plan) -> bool:
+    """Whether a graph output of the candidate is held in FP16/BF16: only those formats' floors change a verdict
+    (:meth:`~workbench.compare.criterion.Criterion.at_floor`), and only the comparison measures them."""
+    formats = getattr(plan, "formats", {}) or {}
+    return any(getattr(formats.get(o), "name", None) in ("fp16", "bf16") for o in plan.ref_graph.outputs)
 
 
 def _bound_marked_tensors(plan) -> None:
@@ -492,7 +507,9 @@ def _verify_on_candidate(ev: Evaluator, builder: IslandBuilder, kept, spill=None
         best = best_unmet(ev)
         kept = best.kept if best is not None else ()
     repaired = builder.build(kept)
-    evaluation = ev.evaluate(kept, model=repaired, role="verify")
+    judged = ev.built_on_every_feed(kept) if builder is ev.builder else None
+    # the search built this set on the candidate engine and ran every feed: the same model, judged already
+    evaluation = judged if judged is not None else ev.evaluate(kept, model=repaired, role="verify")
     if spill is not None:
         from ..model.mapped import materialized
 

@@ -60,6 +60,19 @@ class Evaluation:
                 "seconds": round(self.seconds, 3), "feeds": len(self.feed_met)}
 
 
+def _came_back(got: dict, names: list[str], side: str) -> dict:
+    """``got`` when it holds every one of ``names``; else one error naming what the engine left out."""
+    missing = [n for n in names if n not in got]
+    if missing:
+        from ..errors import EngineCrashedError
+
+        raise EngineCrashedError(
+            f"no value came back for graph output(s) {', '.join(missing[:4])}: the {side} engine returned fewer "
+            "tensors than it was asked for",
+            "check the engine's run() returns every requested name (a custom engine's mapping of output names)")
+    return got
+
+
 class BudgetExhausted(Exception):
     """No candidate build left (``max_builds``)."""
 
@@ -100,7 +113,8 @@ class Evaluator:
     def _reference(self) -> list[dict[str, np.ndarray]]:
         names = [r for r, _ in self.outputs]
         with self.plan.ref_engine.prepare(self.plan.ref_model, names) as session:
-            return [session.run(feed) for feed in self.plan.feeds]
+            side = f"reference ({self.plan.ref_spec})"
+            return [_came_back(session.run(feed), names, side) for feed in self.plan.feeds]
 
     # --- running -----------------------------------------------------------------------------------------
     def _spend(self) -> None:
@@ -222,6 +236,7 @@ class Evaluator:
     def _feed(self, i: int, got: dict, candidate_names: bool = True) -> tuple[dict, Any, bool]:
         """Feed ``i`` judged: (output -> metrics, the task metric's value or None, whether it meets the target)."""
         ref = self.ref_outputs[i]
+        _came_back(got, [c if candidate_names else r for r, c in self.outputs], f"candidate ({self.plan.cand_spec})")
         cand = {r: got[c if candidate_names else r] for r, c in self.outputs}
         metrics = {r: ErrorStats().update(ref[r], cand[r]).metrics() for r, _ in self.outputs}
         value = self.target.task_value(ref, cand) if self.target.metric is not None else None
@@ -271,6 +286,14 @@ class Evaluator:
         self._cache.clear()
         self._ahead.clear()
         self._pool = ()
+
+    def built_on_every_feed(self, kept: Sequence[str]) -> Evaluation | None:
+        """The search's evaluation of ``kept`` when it built that very set (not a switchable run) and ran every
+        feed: the repaired model is that build, judged already."""
+        found = self._cache.get(frozenset(kept))
+        if found is None or found.how != "build" or len(found.feed_met) != len(self.plan.cand_feeds):
+            return None
+        return found
 
     def drop_switch(self) -> None:
         """Evaluate by building from now on (forget what the switchable model said)."""

@@ -70,7 +70,7 @@ def measured_pool_only(plan, notes: list[str]) -> bool:
     outputs = set(plan.ref_graph.outputs)
     plan.pairs = [p for p in plan.pairs if p.tensor in outputs]  # nothing reads the other tensors' errors
     notes.append("Q/DQ candidate: the pool is every quantized node, each one's Q/DQ removal measured against the "
-                 "target (no culprit isolation; the comparison before the search is of the outputs alone)")
+                 "target (no culprit isolation)")
     return True
 
 

@@ -54,11 +54,14 @@ def to_int8(
     activation_type: str = "int8",
     percentile: float = 99.999,
     placement: str = "all",
+    validate: bool = True,
 ) -> VariantResult:
     """QDQ INT8 copy of ``model`` calibrated on ``calibration_feeds`` with ``method`` (minmax | percentile |
     entropy). ``ranges`` ({tensor: (lo, hi)}) override calibrated activation ranges. Nodes that read or produce
     tensors holding NaN/+-inf on the feeds are excluded from quantization, with the reason recorded. ``placement``:
-    ``"all"`` or ``"weighted"`` (the module docstring); ``op_types`` narrows either."""
+    ``"all"`` or ``"weighted"`` (the module docstring); ``op_types`` narrows either. ``validate``: run the
+    quantized model once on ONNX Runtime (CPU) and raise a VariantError when it cannot; False for a caller that
+    runs it next and handles the engine's error itself."""
     method = method.lower()
     if placement not in PLACEMENTS:
         raise VariantError(f"unknown Q/DQ placement '{placement}'", f"use one of {', '.join(PLACEMENTS)}")
@@ -101,7 +104,8 @@ def to_int8(
 
     quantized = _quantize(work, feeds, scan, method, percentile, per_channel, activation_type, ranges,
                           [e["node"] for e in excluded], op_types, details, notes, inputs_only=placement == "weighted")
-    _validate(quantized, feeds[0])
+    if validate:
+        _validate(quantized, feeds[0])
     counts = {op: sum(n.op_type == op for n in quantized.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}
     details.update({"quantize_nodes": counts["QuantizeLinear"], "dequantize_nodes": counts["DequantizeLinear"],
                     "qdq_outputs": qdq_outputs(quantized, work)})

@@ -3,16 +3,17 @@
 ONNX Runtime's QDQ quantizer renames a tensor's readers by visiting every node of the graph for each tensor it
 quantizes (``ONNXModel.replace_input_of_all_nodes``: a Python call per node and tensor, O(nodes x tensors)), finds
 initializers by building a list of every initializer with the wanted name (``find_by_name``, called a few thousand
-times), and computes symmetric per-channel INT8 weight scales, and quantizes those weights, one channel at a time
-(a dozen numpy calls per channel). On a PP-OCRv4 recognizer (573 nodes, 390 activation pairs) the first two took
-~0.4 s of its ~1.6 s; on the v3 recognizer the per-channel work (16k channels) ~0.4 s of each call. The stand-ins do
-the same in one pass: the renaming skips the per-node call where the node does not read the tensor (a membership
-test in C), the lookup returns the first match without building a list, and for the weights ORT's own code would
-take the plain per-channel path for (INT8, no overrides, no reduced range or minimum range, finite float32 values)
-:func:`per_channel_int8` does the same arithmetic on every channel at once; any other weight goes through ORT's own
-code. The quantized model is byte-identical (``tests/test_quantizer_speed.py``; 7 real models x both placements x
-per-channel on/off checked when this was written). Where the installed ONNX Runtime lacks a helper, it runs
-unchanged.
+times, mostly to learn that a new initializer's name is free), and computes symmetric per-channel INT8 weight
+scales, and quantizes those weights, one channel at a time (a dozen numpy calls per channel). On a PP-OCRv5
+recognizer these took 1.3 of the 1.9 s of ORT's placement's quantization. The stand-ins: the renaming and the
+lookups answer from an index of the graph's nodes (by the names they read, and write) and initializers (by name)
+that follows the fields as the quantizer appends to them, and starts over when anything else may have changed them
+(:class:`_Index`: a removal, an insertion, a node edited through ORT's own one-node helpers); and for the weights ORT's
+own code would take the plain per-channel path for (INT8, no overrides, no reduced range or minimum range, finite
+float32 values) :func:`per_channel_int8` does the same arithmetic on every channel at once; any other weight goes
+through ORT's own code. The quantized model is byte-identical (``tests/test_quantizer_speed.py``, with every indexed
+answer checked against a full scan; 7 real models x both placements x per-channel on/off checked when this was
+written). Where the installed ONNX Runtime lacks a helper, it runs unchanged.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import threading
 
 import numpy as np
+import onnx
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +35,104 @@ _DEPTH = 0
 _SAVED: list[tuple[object, str, object]] = []
 
 
+class _Index:
+    """The items of one protobuf repeated field by key (``keys(item)``: an item's name, or the tensor names a node
+    reads or writes), kept in step with the field while the quantizer runs. ORT's quantizer only appends to the
+    fields it indexes here (nodes, initializers) and renames node inputs and outputs through the helpers this module
+    swaps; :meth:`sync` indexes what was appended since, and starts over when anything else may have changed the
+    field: fewer items, a first or last indexed item that is no longer where it was (a removal, an insertion, a
+    cleared field), or an edit through a helper this module does not see (``stamp``: :data:`_EDITS` where that
+    matters)."""
+
+    __slots__ = ("field", "keys", "count", "first", "last", "stamp", "map")
+
+    def __init__(self, field, keys):
+        self.field, self.keys = field, keys
+        self.count, self.first, self.last, self.stamp, self.map = 0, None, None, None, {}
+
+    def sync(self, stamp=None) -> dict:
+        field, count = self.field, self.count
+        size = len(field)
+        if stamp != self.stamp or size < count or (count and (field[0] is not self.first
+                                                              or field[count - 1] is not self.last)):
+            self.map, count, self.stamp = {}, 0, stamp
+        entries = self.map
+        for item in field[count:]:
+            for key in self.keys(item):
+                found = entries.setdefault(key, [])
+                if not found or found[-1] is not item:
+                    found.append(item)
+        self.count = size
+        self.first, self.last = (field[0], field[size - 1]) if size else (None, None)
+        return entries
+
+
+#: the type of a repeated message field (a graph's nodes, initializers)
+_REPEATED = type(onnx.GraphProto().node)
+_INDEXES: dict[tuple[int, str], _Index] = {}
+#: bumped by every node edit made outside :func:`_replacing`'s renaming (ORT's ``replace_node_input``/
+#: ``replace_node_output`` called directly, ``remove_node``): the reader/writer indexes start over
+_EDITS = [0]
+#: when True, every indexed answer is checked against a full scan (tests)
+CHECK = False
+
+
+def _index(field, attribute: str) -> _Index:
+    key = (id(field), attribute)
+    found = _INDEXES.get(key)
+    if found is None or found.field is not field:
+        keys = (lambda item: (item.name,)) if attribute == "name" else \
+            (lambda item, a=attribute: getattr(item, a))
+        found = _INDEXES[key] = _Index(field, keys)
+    return found
+
+
 def find_by_name(item_name, item_list):
-    """The first item of ``item_list`` named ``item_name``, or None (ORT's ``find_by_name``, one pass)."""
-    for item in item_list:
-        if item.name == item_name:
-            return item
-    return None
+    """The first item of ``item_list`` named ``item_name``, or None (ORT's ``find_by_name``): looked up in an index
+    of the field (:class:`_Index`) for a protobuf repeated field, one pass over anything else."""
+    if type(item_list) is not _REPEATED:  # a list (or any iterable): one pass
+        return next((item for item in item_list if item.name == item_name), None)
+    found = _index(item_list, "name").sync().get(item_name)
+    item = found[0] if found else None
+    if CHECK:
+        assert item is next((i for i in item_list if i.name == item_name), None), item_name
+    return item
+
+
+def _get_initializer(self, name):
+    """ORT's ``ONNXModel.get_initializer``: the first initializer named ``name``, or None."""
+    return find_by_name(name, self.model.graph.initializer)
 
 
 def _replacing(replace_one, attribute: str):
-    """ORT's ``ONNXModel.replace_{input,output}_of_all_nodes``, calling ``replace_one`` only on the nodes that
-    hold the old name."""
+    """ORT's ``ONNXModel.replace_{input,output}_of_all_nodes``, calling ``replace_one`` on the nodes that hold the
+    old name, found in an index of the graph's nodes by the names they read (write) instead of visiting every node."""
 
     def replace_all(self, old_name, new_name):
         assert isinstance(old_name, str) and isinstance(new_name, str)
-        for node in self.model.graph.node:
-            if old_name in getattr(node, attribute):
-                replace_one(node, old_name, new_name)
+        nodes = self.model.graph.node
+        entries = _index(nodes, attribute).sync(_EDITS[0])
+        holders = [n for n in entries.pop(old_name, ()) if old_name in getattr(n, attribute)]
+        if CHECK:
+            expected = [n for n in nodes if old_name in getattr(n, attribute)]
+            assert len(holders) == len(expected) and all(a is b for a, b in zip(holders, expected)), old_name
+        for node in holders:
+            replace_one(node, old_name, new_name)
+            found = entries.setdefault(new_name, [])
+            if not found or found[-1] is not node:
+                found.append(node)
 
     return replace_all
+
+
+def _counted(function):
+    """``function`` (an edit of a node the indexes do not follow), bumping :data:`_EDITS` first."""
+
+    def edit(*args, **kwargs):
+        _EDITS[0] += 1
+        return function(*args, **kwargs)
+
+    return edit
 
 
 def per_channel_int8(data: np.ndarray, axis: int, qmin: np.ndarray, qmax: np.ndarray
@@ -162,10 +243,17 @@ def _patches() -> list[tuple[object, str, object]]:
     except ImportError:
         return out
     model_cls = getattr(onnx_model, "ONNXModel", None)
-    for kind in ("input", "output"):
-        one = getattr(model_cls, f"replace_node_{kind}", None)
-        if callable(one) and callable(getattr(model_cls, f"replace_{kind}_of_all_nodes", None)):
+    renaming = all(callable(getattr(model_cls, f"replace_{kind}_of_all_nodes", None))
+                   and isinstance(vars(model_cls).get(f"replace_node_{kind}"), staticmethod)
+                   for kind in ("input", "output")) and callable(getattr(model_cls, "remove_node", None))
+    if renaming:
+        for kind in ("input", "output"):
+            one = getattr(model_cls, f"replace_node_{kind}")
             out.append((model_cls, f"replace_{kind}_of_all_nodes", _replacing(one, kind)))
+            out.append((model_cls, f"replace_node_{kind}", staticmethod(_counted(one))))
+        out.append((model_cls, "remove_node", _counted(vars(model_cls)["remove_node"])))
+    if callable(getattr(model_cls, "get_initializer", None)):
+        out.append((model_cls, "get_initializer", _get_initializer))
     try:
         qdq = importlib.import_module("onnxruntime.quantization.qdq_quantizer")
     except ImportError:
@@ -209,3 +297,4 @@ def fast_quantizer():
                 while _SAVED:
                     owner, attribute, original = _SAVED.pop()
                     setattr(owner, attribute, original)
+                _INDEXES.clear()  # they hold the quantized graphs' fields
