@@ -86,7 +86,7 @@ def test_per_channel_scales_equal_orts_channel_by_channel():
             assert scale[1] == scale[2] == 1.0 and scale[4] > 100 * scale[0]
 
 
-def _edits(onnx_model_cls):
+def _edits(onnx_model_cls, fp8_nan: bool = False):
     """A script of the graph edits ONNX Runtime's quantizer makes (and a few it might), on a small graph: the final
     model, serialized."""
     from onnx import TensorProto, helper, numpy_helper
@@ -117,7 +117,13 @@ def _edits(onnx_model_cls):
     m.remove_initializer(m.get_initializer("w0"))
     m.add_initializer(numpy_helper.from_array(np.full(2, 3, np.float32), "w0"))  # removed, added again
     m.model.graph.initializer.insert(0, numpy_helper.from_array(np.full(2, 4, np.float32), "w3"))
-    found = [getattr(m.get_initializer(n), "name", None) for n in ("w0", "w3", "nope")]
+    m.initializer_extend([numpy_helper.from_array(np.full(2, 5, np.float32), "w4")])
+    m.model.graph.initializer.append(numpy_helper.from_array(np.full(2, 6, np.float32), "w5"))  # past the helpers
+    m.initializer_extend([numpy_helper.from_array(np.full(2, 7, np.float32), "w6")])
+    found = [getattr(m.get_initializer(n), "name", None) for n in ("w0", "w3", "w5", "nope")]
+    if fp8_nan:  # appended past the helpers: ORT's next initializer_extend finds it
+        m.model.graph.initializer.append(helper.make_tensor("f8", TensorProto.FLOAT8E4M3FN, [1], b"\x7f", raw=True))
+        m.initializer_extend([numpy_helper.from_array(np.zeros(1, np.float32), "w7")])
     return m.model.SerializeToString(), found
 
 
@@ -129,4 +135,8 @@ def test_the_indexes_follow_every_edit_of_the_graph():
     theirs = _edits(onnx_model.ONNXModel)
     with quantizer_speed.fast_quantizer():
         ours = _edits(onnx_model.ONNXModel)
-    assert ours == theirs and theirs[1] == ["w0", "w3", None]
+    assert ours == theirs and theirs[1] == ["w0", "w3", "w5", None]
+    for swapped in (False, True):  # an initializer ORT's check refuses is refused with the helpers too
+        with quantizer_speed.fast_quantizer() if swapped else contextlib.nullcontext():
+            with pytest.raises(ValueError, match="'f8' has nan"):
+                _edits(onnx_model.ONNXModel, fp8_nan=True)

@@ -186,6 +186,54 @@ def test_a_qdq_repair_on_an_engine_that_returns_no_output_says_so_in_one_line(tm
     assert "Traceback" not in err and not (tmp_path / "fixed.onnx").exists()
 
 
+def test_the_qdq_ordering_runs_side_by_side_and_orders_as_one_run_at_a_time(monkeypatch):
+    """With ONNX Runtime allowed two threads, the ordering's switchable runs go two at a time on single-threaded
+    sessions; the pool comes out in the same order, and the same set is kept, as with one run at a time."""
+    from workbench.repair import qdq_order
+
+    widths = []
+    measuring = qdq_order._measuring_session
+
+    def spy(*args):
+        session, width = measuring(*args)
+        widths.append(width)
+        return session, width
+
+    monkeypatch.setattr(qdq_order, "_measuring_session", spy)
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 64)).astype(np.float32)} for s in range(8)]
+    got = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("WORKBENCH_ORT_THREADS", threads)
+        res = repair(str(SAMPLES / "int8_outlier.onnx"), "ort", "ort:int8", feeds=feeds, keep_placement=True)
+        got[threads] = (res.pool, res.kept, [n for n in res.notes if n.startswith("Q/DQ pool:")])
+    assert widths == [1, 2]
+    assert got["2"] == got["1"] and got["1"][2], got
+
+
+def test_runs_in_order_side_by_side_keep_their_order_and_stop_when_closed():
+    import threading
+    import time
+
+    from workbench.repair.qdq_order import _in_order
+
+    started = []
+
+    def slow(i):
+        started.append(i)
+        time.sleep(0.01 * (i % 3))  # later ones finish first
+        return i, threading.current_thread().name
+
+    results = list(_in_order(2, [(i,) for i in range(9)], slow))
+    assert [r[0] for r in results] == list(range(9))
+    assert all(name.startswith("workbench-qdq-order") for _, name in results)
+    assert [r[0] for r in _in_order(1, [(i,) for i in range(3)], slow)] == [0, 1, 2]
+    started.clear()
+    runs = _in_order(2, [(i,) for i in range(50)], slow)
+    assert next(runs)[0] == 0
+    runs.close()  # the rest never start: at most 2 x width were submitted
+    assert len(started) <= 5
+
+
 def test_int8_repair_first_quantizes_again_in_tensorrts_placement(tmp_path):
     """By default the FP32 model is quantized again with Q/DQ pairs on the inputs of its MatMuls alone (TensorRT's
     placement), which still misses the target on the outlier sample (checked here with ONNX Runtime's quantize_static

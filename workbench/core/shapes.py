@@ -8,7 +8,9 @@ constants, int64 indices) are kept so that data propagation still works.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 from collections.abc import Callable
 
@@ -26,11 +28,19 @@ STUB_FILE = "__workbench_stripped__.bin"
 
 def tensor_nbytes(t: TensorProto) -> int:
     """Bytes of a tensor's data from its dims and type (serialized size for types numpy does not know)."""
-    n = int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
-    try:
-        return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    except (KeyError, TypeError, ValueError):
+    size = _itemsize(t.data_type)
+    if size is None:
         return t.ByteSize()
+    return math.prod(t.dims) * size
+
+
+@functools.cache
+def _itemsize(data_type: int) -> int | None:
+    """numpy's item size of an ONNX element type, None for a type numpy does not know."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def stub_tensor(t: TensorProto) -> TensorProto:

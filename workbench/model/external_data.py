@@ -30,16 +30,21 @@ class ExternalRef:
 
 def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     """Every tensor in ``model``: initializers (sparse ones too) and tensor attributes, subgraphs included."""
-    graphs = [model.graph]
-    graphs += [a.g for n in iter_nodes(model.graph) for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
-    graphs += [g for n in iter_nodes(model.graph) for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS
-               for g in a.graphs]
-    for g in graphs:
+    single, multi = [], []  # subgraphs: GRAPH attributes first, then GRAPHS ones (one walk)
+    for n in iter_nodes(model.graph):
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                single.append(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                multi.extend(a.graphs)
+    for g in [model.graph, *single, *multi]:
         yield from g.initializer
         for sp in g.sparse_initializer:
             yield sp.values
             yield sp.indices
         for node in g.node:
+            if not node.attribute:
+                continue
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
                     yield attr.t

@@ -21,7 +21,7 @@ def iter_nodes(graph: onnx.GraphProto, recursive: bool = True) -> Iterator[onnx.
     """Yield the nodes of ``graph`` in file order, then (if ``recursive``) those of each subgraph."""
     for node in graph.node:
         yield node
-        if recursive:
+        if recursive and node.attribute:  # most nodes have none: no walk of them
             for _, sub in subgraphs_of(node):
                 yield from iter_nodes(sub, recursive=True)
 

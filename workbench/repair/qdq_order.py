@@ -87,7 +87,7 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
     plan = ev.plan
     try:
         model, flags = builder.switchable(nodes)
-        session = plan.cand_engine.prepare(model, [c for _, c in ev.outputs])
+        session, width = _measuring_session(plan.cand_engine, model, [c for _, c in ev.outputs])
     except EngineRunError as e:
         notes.append(f"Q/DQ pool not measured node by node: the candidate engine refused the switchable model ({e})")
         log.warning("Q/DQ single-node ordering skipped: %s", e)
@@ -110,11 +110,15 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
                              key=lambda i: (-alone[i].badness, -outputs_badness(alone[i])))
         chosen = sorted((worst_first or list(range(len(feeds))))[:FEEDS])
         base = _judge(ev, chosen, [session.run({**feeds[i], **off}) for i in chosen])
+
+        def alone_on(node: str, i: int) -> dict:  # the outputs of feed i with only ``node`` dequantized
+            return session.run({**feeds[i], **off, flags[node]: np.array(True)})
+
+        runs = _in_order(width, [(node, i) for node in nodes for i in chosen], alone_on)
         for k, node in enumerate(nodes):
             if ev.step is not None and k % 16 == 0:
                 ev.step(0.0, f"Q/DQ removal measured alone: node {k + 1}/{len(nodes)}")
-            on = {**off, flags[node]: np.array(True)}
-            judged[node] = _judge(ev, chosen, [session.run({**feeds[i], **on}) for i in chosen])
+            judged[node] = _judge(ev, chosen, [next(runs) for _ in chosen])
 
         def score(j):  # met first, then fewer failing feeds, a better worst value, better outputs
             return (not j.met, j.failing, j.badness, outputs_badness(j))
@@ -126,10 +130,11 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
             [i for i in range(len(feeds)) if i not in chosen and i not in worst_first]
         confirmed = []
         for node in [n for n in ranked if judged[n].met][:CONFIRM]:
-            on = {**off, flags[node]: np.array(True)}
-            if all(_judge(ev, [i], [session.run({**feeds[i], **on})]).met for i in others):
+            checks = _in_order(width, [(node, i) for i in others], alone_on)  # up to the first feed missed
+            if all(_judge(ev, [i], [next(checks)]).met for i in others):
                 confirmed.append(node)
                 break
+            checks.close()
     finally:
         session.close()
     ranked = confirmed + [n for n in ranked if n not in set(confirmed)]
@@ -142,6 +147,57 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
     log.info("Q/DQ pool: %d node(s) measured alone in %.1fs; %d help, %d meet the target alone there (%s holds on "
              "every feed)", len(nodes), summary["seconds"], len(helping), summary["met_there"], summary["holds"])
     return ordered, summary
+
+
+#: most runs of the switchable model side by side (ONNX Runtime on CPU, one intra-op thread each)
+MEASURE_WIDTH = 4
+
+
+def _measuring_session(engine, model, outputs: list[str]):
+    """(a session of the switchable ``model``, how many of its runs may go side by side). ONNX Runtime on CPU, with
+    cores to spare: a session of one intra-op thread run from several threads at once, as many as the engine's
+    threads (all cores when not set; never more than :data:`MEASURE_WIDTH`): ONNX Runtime's own thread pool spends
+    more than it gains on one small model's runs (PP-OCRv5 recognizer's switchable model on 2 cores: 16.5 ms a run
+    with two intra-op threads, 13.7 ms two single-threaded runs at a time). Else the engine's own session, one run at
+    a time."""
+    import os
+
+    from ..engines.ort import OrtEngine
+
+    if type(engine) is OrtEngine and engine.provider == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        width = min(MEASURE_WIDTH, engine.threads or cores)
+        if width >= 2:
+            single = OrtEngine(provider="cpu", threads=1, graph_optimization=engine.graph_optimization,
+                               provider_options=engine.provider_options, memory_arena=engine.memory_arena)
+            return single.prepare(model, outputs), width
+    return engine.prepare(model, outputs), 1
+
+
+def _in_order(width: int, items: list, fn):
+    """``fn(*item)`` for each of ``items``, in order: run ``width`` at a time on threads (at most ``2 * width``
+    results waiting), or one by one here when ``width`` is 1. Closing the generator stops what has not started."""
+    if width < 2:
+        yield from (fn(*item) for item in items)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="workbench-qdq-order")
+    pending, todo = deque(), iter(items)
+    try:
+        for item in todo:
+            pending.append(pool.submit(fn, *item))
+            if len(pending) >= 2 * width:
+                break
+        while pending:
+            result = pending.popleft().result()
+            for item in todo:  # one more started for each one taken
+                pending.append(pool.submit(fn, *item))
+                break
+            yield result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _per_feed(ev, evaluation, count: int):

@@ -66,14 +66,15 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
             for name, arr in arrays.items():
                 if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
                     continue
-                bad = _nonfinite_kinds(arr)
-                if bad:
-                    kinds.setdefault(name, set()).update(bad)
+                bounds = (arr.min(), arr.max()) if arr.size else None  # NaN and +-inf come out of min/max
+                if bounds is not None and not (np.isfinite(bounds[0]) and np.isfinite(bounds[1])):
+                    kinds.setdefault(name, set()).update(_nonfinite_kinds(arr))
                     continue
                 if keep_values and name not in kinds:
                     scan.values.setdefault(name, []).append(arr)
-                if keep_ranges and arr.dtype == np.float32:
-                    _widen(scan.ranges, name, arr)
+                if keep_ranges and arr.dtype == np.float32:  # minmax_of(arr), from the bounds at hand
+                    _widen(scan.ranges, name, *(minmax_of(arr) if bounds is None else
+                                                (np.array([b], np.float32) for b in bounds)))
             del arrays, outputs
         del session
     scan.nonfinite = {name: ", ".join(sorted(k)) for name, k in kinds.items()}
@@ -95,8 +96,8 @@ def _scan_session(model: onnx.ModelProto, names: list[str]):
         ) from None
 
 
-def _widen(ranges: dict, name: str, arr: np.ndarray) -> None:
-    low, high = minmax_of(arr)
+def _widen(ranges: dict, name: str, low: np.ndarray, high: np.ndarray) -> None:
+    """``ranges[name]`` widened to hold (``low``, ``high``): :func:`minmax_of` of one more array."""
     if name in ranges:
         low, high = np.minimum(ranges[name][0], low), np.maximum(ranges[name][1], high)
     ranges[name] = (low, high)

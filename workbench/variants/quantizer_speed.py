@@ -51,20 +51,26 @@ class _Index:
         self.count, self.first, self.last, self.stamp, self.map = 0, None, None, None, {}
 
     def sync(self, stamp=None) -> dict:
+        """The index, brought up to date."""
+        self.unseen(stamp)
+        return self.map
+
+    def unseen(self, stamp=None) -> list:
+        """The items the index had not seen (every item when it starts over), now indexed."""
         field, count = self.field, self.count
         size = len(field)
         if stamp != self.stamp or size < count or (count and (field[0] is not self.first
                                                               or field[count - 1] is not self.last)):
             self.map, count, self.stamp = {}, 0, stamp
-        entries = self.map
-        for item in field[count:]:
+        entries, new = self.map, field[count:]
+        for item in new:
             for key in self.keys(item):
                 found = entries.setdefault(key, [])
                 if not found or found[-1] is not item:
                     found.append(item)
         self.count = size
         self.first, self.last = (field[0], field[size - 1]) if size else (None, None)
-        return entries
+        return new
 
 
 #: the type of a repeated message field (a graph's nodes, initializers)
@@ -77,13 +83,17 @@ _EDITS = [0]
 CHECK = False
 
 
-def _index(field, attribute: str) -> _Index:
-    key = (id(field), attribute)
+#: what each index keys its items by
+_KEYS = {"name": lambda item: (item.name,), "input": lambda node: node.input, "output": lambda node: node.output,
+         "checked": lambda item: ()}
+
+
+def _index(field, kind: str) -> _Index:
+    """The index of ``field`` by ``kind`` (a key of :data:`_KEYS`), made on first use."""
+    key = (id(field), kind)
     found = _INDEXES.get(key)
     if found is None or found.field is not field:
-        keys = (lambda item: (item.name,)) if attribute == "name" else \
-            (lambda item, a=attribute: getattr(item, a))
-        found = _INDEXES[key] = _Index(field, keys)
+        found = _INDEXES[key] = _Index(field, _KEYS[kind])
     return found
 
 
@@ -97,6 +107,24 @@ def find_by_name(item_name, item_list):
     if CHECK:
         assert item is next((i for i in item_list if i.name == item_name), None), item_name
     return item
+
+
+def _extending(original):
+    """ORT's ``ONNXModel.initializer_extend``, which checks every initializer already in the graph before adding
+    (``_check_init``: a NaN in an FP8 initializer) on each call: here only those added since the last call (all of
+    them after anything but appends changed the field), then the new ones, as ORT's does."""
+
+    def initializer_extend(self, inits):
+        if len(inits) == 0:
+            return original(self, inits)  # ORT's own error
+        field = self.model.graph.initializer
+        for init in _index(field, "checked").unseen():
+            self._check_init(init, "gain")
+        for init in inits:
+            self._check_init(init)
+            field.append(init)
+
+    return initializer_extend
 
 
 def _get_initializer(self, name):
@@ -254,6 +282,9 @@ def _patches() -> list[tuple[object, str, object]]:
         out.append((model_cls, "remove_node", _counted(vars(model_cls)["remove_node"])))
     if callable(getattr(model_cls, "get_initializer", None)):
         out.append((model_cls, "get_initializer", _get_initializer))
+    if model_cls is not None and callable(vars(model_cls).get("initializer_extend")) \
+            and callable(getattr(model_cls, "_check_init", None)):
+        out.append((model_cls, "initializer_extend", _extending(vars(model_cls)["initializer_extend"])))
     try:
         qdq = importlib.import_module("onnxruntime.quantization.qdq_quantizer")
     except ImportError:
