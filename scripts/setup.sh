@@ -16,4 +16,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install -q -e ".[all,dev]"
   touch "$stamp"
 fi
+# The package's bytecode, as pip writes it for a regular install (an editable one writes none, and with
+# PYTHONDONTWRITEBYTECODE set Python never does): every `workbench` command then starts ~0.07 s sooner. Quick when
+# nothing changed; a stale file is recompiled in memory by Python, as without it.
+python -m compileall -q workbench
 python -c "import workbench, onnx, onnxruntime; print('workbench', workbench.__version__, '| onnx', onnx.__version__, '| onnxruntime', onnxruntime.__version__)"
