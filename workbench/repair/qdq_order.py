@@ -96,6 +96,7 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
     off = {f: np.array(False) for f in flags.values()}
     feeds = plan.cand_feeds
     judged = {}
+    runs = checks = None  # the runs side by side: ended before their session
     try:
         crit = ev.target.criterion
 
@@ -134,8 +135,11 @@ def order_pool(ev, builder: IslandBuilder, pool: Sequence[str], baseline, notes:
             if all(_judge(ev, [i], [next(checks)]).met for i in others):
                 confirmed.append(node)
                 break
-            checks.close()
+            checks.close()  # the feeds past the first missed: not run
     finally:
+        for pending in (runs, checks):
+            if pending is not None:
+                pending.close()
         session.close()
     ranked = confirmed + [n for n in ranked if n not in set(confirmed)]
     helping = [n for n in ranked if score(judged[n]) < score(base)]
