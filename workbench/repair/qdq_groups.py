@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import EngineRunError
 from .graph import QDQ_OPS
 from .islands import IslandBuilder
-from .qdq_order import quantized_nodes
+from .qdq_order import one_thread_copy, quantized_nodes
 from .search import split_even
 
 log = logging.getLogger(__name__)
@@ -202,15 +202,7 @@ def _one_thread_engine(engine):
     (ONNX Runtime on CPU, on a machine with as many cores), else None. ONNX Runtime's CPU results do not depend on
     its thread count here (checked on the recognizer's Q/DQ model: equal to the last bit), and group testing only
     orders the pool: every set the search keeps is judged on the engine as given."""
-    import copy
-
-    from ..engines.ort import OrtEngine
-
-    if not isinstance(engine, OrtEngine) or engine.provider != "cpu" or (os.cpu_count() or 1) < WIDTH:
-        return None
-    single = copy.copy(engine)
-    single.threads = 1
-    return single
+    return one_thread_copy(engine) if (os.cpu_count() or 1) >= WIDTH else None
 
 
 def _split(block: tuple[str, ...], parts: int) -> list[tuple[str, ...]]:

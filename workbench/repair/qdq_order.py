@@ -164,18 +164,27 @@ def _measuring_session(engine, model, outputs: list[str]):
     more than it gains on one small model's runs (PP-OCRv5 recognizer's switchable model on 2 cores: 16.5 ms a run
     with two intra-op threads, 13.7 ms two single-threaded runs at a time). Else the engine's own session, one run at
     a time."""
-    import os
+    from ..dataset.executors import usable_cores
+
+    single = one_thread_copy(engine)
+    width = min(MEASURE_WIDTH, engine.threads or usable_cores()) if single is not None else 1
+    if width >= 2:
+        return single.prepare(model, outputs), width
+    return engine.prepare(model, outputs), 1
+
+
+def one_thread_copy(engine):
+    """A copy of ``engine`` whose sessions run on one intra-op thread, for ONNX Runtime on CPU (else None): what
+    measures runs side by side here and in :mod:`workbench.repair.qdq_groups`."""
+    import copy
 
     from ..engines.ort import OrtEngine
 
-    if type(engine) is OrtEngine and engine.provider == "cpu":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        width = min(MEASURE_WIDTH, engine.threads or cores)
-        if width >= 2:
-            single = OrtEngine(provider="cpu", threads=1, graph_optimization=engine.graph_optimization,
-                               provider_options=engine.provider_options, memory_arena=engine.memory_arena)
-            return single.prepare(model, outputs), width
-    return engine.prepare(model, outputs), 1
+    if not isinstance(engine, OrtEngine) or engine.provider != "cpu":
+        return None
+    single = copy.copy(engine)
+    single.threads = 1
+    return single
 
 
 def _in_order(width: int, items: list, fn):

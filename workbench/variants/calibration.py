@@ -93,12 +93,14 @@ def _constant_ranges(graph: Any, names: set[str]) -> dict:
     return out
 
 
-def minmax_of(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def minmax_of(array: np.ndarray, bounds: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(min, max) of a float32 array as ORT's MinMax calibrator reduces it: float32 arrays of shape (1,); an
-    empty array gives ReduceMin's and ReduceMax's identities, (inf, -inf)."""
+    empty array gives ReduceMin's and ReduceMax's identities, (inf, -inf). ``bounds``: ``(array.min(),
+    array.max())`` when the caller has them already."""
     if not array.size:
         return np.array([np.inf], np.float32), np.array([-np.inf], np.float32)
-    return np.array([array.min()], np.float32), np.array([array.max()], np.float32)
+    low, high = bounds if bounds is not None else (array.min(), array.max())
+    return np.array([low], np.float32), np.array([high], np.float32)
 
 
 def histogram_ranges(values: dict[str, list[np.ndarray]], method: str, percentile: float) -> Any:

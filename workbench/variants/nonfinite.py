@@ -72,9 +72,8 @@ def scan_tensors(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], kee
                     continue
                 if keep_values and name not in kinds:
                     scan.values.setdefault(name, []).append(arr)
-                if keep_ranges and arr.dtype == np.float32:  # minmax_of(arr), from the bounds at hand
-                    _widen(scan.ranges, name, *(minmax_of(arr) if bounds is None else
-                                                (np.array([b], np.float32) for b in bounds)))
+                if keep_ranges and arr.dtype == np.float32:
+                    _widen(scan.ranges, name, *minmax_of(arr, bounds))
             del arrays, outputs
         del session
     scan.nonfinite = {name: ", ".join(sorted(k)) for name, k in kinds.items()}

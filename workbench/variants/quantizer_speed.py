@@ -62,15 +62,19 @@ class _Index:
         if stamp != self.stamp or size < count or (count and (field[0] is not self.first
                                                               or field[count - 1] is not self.last)):
             self.map, count, self.stamp = {}, 0, stamp
-        entries, new = self.map, field[count:]
+        new = field[count:]
         for item in new:
             for key in self.keys(item):
-                found = entries.setdefault(key, [])
-                if not found or found[-1] is not item:
-                    found.append(item)
+                self.add(key, item)
         self.count = size
         self.first, self.last = (field[0], field[size - 1]) if size else (None, None)
         return new
+
+    def add(self, key, item) -> None:
+        """``item`` under ``key`` (once, though it holds the key twice)."""
+        found = self.map.setdefault(key, [])
+        if not found or found[-1] is not item:
+            found.append(item)
 
 
 #: the type of a repeated message field (a graph's nodes, initializers)
@@ -139,16 +143,14 @@ def _replacing(replace_one, attribute: str):
     def replace_all(self, old_name, new_name):
         assert isinstance(old_name, str) and isinstance(new_name, str)
         nodes = self.model.graph.node
-        entries = _index(nodes, attribute).sync(_EDITS[0])
-        holders = [n for n in entries.pop(old_name, ()) if old_name in getattr(n, attribute)]
+        index = _index(nodes, attribute)
+        holders = [n for n in index.sync(_EDITS[0]).pop(old_name, ()) if old_name in getattr(n, attribute)]
         if CHECK:
             expected = [n for n in nodes if old_name in getattr(n, attribute)]
             assert len(holders) == len(expected) and all(a is b for a, b in zip(holders, expected)), old_name
         for node in holders:
             replace_one(node, old_name, new_name)
-            found = entries.setdefault(new_name, [])
-            if not found or found[-1] is not node:
-                found.append(node)
+            index.add(new_name, node)
 
     return replace_all
 
